@@ -1,0 +1,175 @@
+"""The v1 REST API (``API.md``). Thin: validate, call the engine, answer."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+from sqlalchemy import select
+
+from ..errors import Invalid, NotFound
+from ..scheduling import strategies as strat
+from ..storage.models import Prompt, Run
+from . import schemas
+from .deps import EngineDep, SessionDep, SettingsDep, require_key
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+
+RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000).")]
+Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor from a previous page.")]
+
+PROBLEM = {"content": {"application/problem+json": {}}}
+RESPONSES = {
+    401: {"description": "Missing or invalid API key", **PROBLEM},
+    404: {"description": "Unknown run or prompt", **PROBLEM},
+    409: {"description": "Conflicts with the stored state", **PROBLEM},
+    413: {"description": "Too many items or too large a body: split the request", **PROBLEM},
+    422: {"description": "Invalid input; `errors` names each offending field or item", **PROBLEM},
+}
+
+
+def _encode_cursor(value: str | int) -> str:
+    return base64.urlsafe_b64encode(str(value).encode()).decode()
+
+
+def _decode_cursor(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    try:
+        return base64.urlsafe_b64decode(cursor.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+
+
+def _run_out(engine, session, run: Run) -> schemas.RunOut:
+    cfg = run.settings
+    return schemas.RunOut(
+        id=run.id,
+        strategy=schemas.StrategySpec(**cfg["strategy"]),
+        rollouts_per_prompt=cfg["rollouts_per_prompt"],
+        min_rollouts=cfg["min_rollouts"],
+        max_rollouts=cfg["max_rollouts"],
+        reward_range=tuple(cfg["reward_range"]),
+        metadata=run.meta,
+        created_at=run.created_at,
+        stats=engine.stats(session, run),
+    )
+
+
+# -- strategies -----------------------------------------------------------------------
+@router.get("/strategies", response_model=list[schemas.StrategyInfo], tags=["strategies"])
+def list_strategies() -> list[schemas.StrategyInfo]:
+    """Every registered strategy with its description and parameter schema."""
+    return [
+        schemas.StrategyInfo(name=cls.name, description=cls.description, params_schema=cls.Params.model_json_schema())
+        for cls in strat.REGISTRY.values()
+    ]
+
+
+# -- runs -----------------------------------------------------------------------------
+@router.put(
+    "/runs/{run_id}",
+    response_model=schemas.RunOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": schemas.RunOut, "description": "Attached to an existing run"}, **RESPONSES},
+    tags=["runs"],
+)
+def put_run(run_id: RunIdPath, body: schemas.RunIn, engine: EngineDep, session: SessionDep, response: Response):
+    """Create a run, or attach to an existing one with the same settings (a restarted trainer)."""
+    created, _ = engine.put_run(run_id, body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return _run_out(engine, session, engine.get_run(session, run_id))
+
+
+@router.get("/runs/{run_id}", response_model=schemas.RunOut, responses=RESPONSES, tags=["runs"])
+def get_run(run_id: RunIdPath, engine: EngineDep, session: SessionDep):
+    return _run_out(engine, session, engine.get_run(session, run_id))
+
+
+@router.get("/runs", response_model=schemas.RunPage, responses=RESPONSES, tags=["runs"])
+def list_runs(engine: EngineDep, session: SessionDep, limit: Limit = 100, cursor: Cursor = None):
+    after = _decode_cursor(cursor)
+    q = select(Run).order_by(Run.id).limit(limit + 1)
+    if after is not None:
+        q = q.where(Run.id > after)
+    runs = list(session.scalars(q))
+    nxt = _encode_cursor(runs[limit - 1].id) if len(runs) > limit else None
+    return schemas.RunPage(items=[_run_out(engine, session, r) for r in runs[:limit]], next_cursor=nxt)
+
+
+# -- prompts --------------------------------------------------------------------------
+@router.post("/runs/{run_id}/prompts", response_model=schemas.PromptsAck, responses=RESPONSES, tags=["prompts"])
+def upsert_prompts(run_id: RunIdPath, body: schemas.PromptsIn, engine: EngineDep, settings: SettingsDep):
+    """Bulk upsert of prompts (at most `max_prompts_per_request` per call; 413 above).
+    Fields omitted for an existing prompt keep their stored values."""
+    return engine.upsert_prompts(run_id, body)
+
+
+@router.get("/runs/{run_id}/prompts", response_model=schemas.PromptPage, responses=RESPONSES, tags=["prompts"])
+def list_prompts(
+    run_id: RunIdPath,
+    engine: EngineDep,
+    session: SessionDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    domain: Annotated[str | None, Query(max_length=200)] = None,
+):
+    """Page of prompts (in registration order) with their current estimates."""
+    run = engine.get_run(session, run_id)
+    ctx = engine.context(session, run)
+    after = _decode_cursor(cursor)
+    try:
+        after_ord = int(after) if after is not None else -1
+    except ValueError:
+        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+    q = select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal > after_ord)
+    if domain is not None:
+        q = q.where(Prompt.domain == domain)
+    rows = list(session.scalars(q.order_by(Prompt.ordinal).limit(limit + 1)))
+    nxt = _encode_cursor(rows[limit - 1].ordinal) if len(rows) > limit else None
+    return {"items": engine.prompt_rows(ctx, rows[:limit]), "next_cursor": nxt}
+
+
+@router.get(
+    "/runs/{run_id}/prompts/{prompt_id:path}", response_model=schemas.PromptDetail, responses=RESPONSES, tags=["prompts"]
+)
+def get_prompt(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: SessionDep):
+    """One prompt with its estimate and full reward history (the id percent-encoded as the last segment)."""
+    run = engine.get_run(session, run_id)
+    ctx = engine.context(session, run)
+    row = session.scalar(select(Prompt).where(Prompt.run_pk == run.pk, Prompt.id == prompt_id))
+    if row is None:
+        raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
+    out = engine.prompt_rows(ctx, [row])[0]
+    out["text"] = row.text
+    out["history"] = engine.history(session, ctx, row.ordinal)
+    return out
+
+
+# -- plans ----------------------------------------------------------------------------
+@router.post(
+    "/runs/{run_id}/plans",
+    response_model=schemas.PlanOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": schemas.PlanOut, "description": "The stored plan of this step"}, **RESPONSES},
+    tags=["plans"],
+)
+def create_plan(run_id: RunIdPath, body: schemas.PlanIn, engine: EngineDep, response: Response):
+    """Which prompts to roll out at a step, and how many rollouts each. The same step
+    asked again returns the same stored plan (200); with a different body, 409."""
+    created, plan = engine.plan(run_id, body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return plan
+
+
+# -- results --------------------------------------------------------------------------
+@router.post("/runs/{run_id}/results", response_model=schemas.ResultsAck, responses=RESPONSES, tags=["results"])
+def report_results(run_id: RunIdPath, body: schemas.ResultsIn, engine: EngineDep):
+    """Report the rewards of rolled-out groups. All-or-nothing; idempotent by `report_id`;
+    a 200 means the rewards are committed."""
+    return engine.report(run_id, body)

@@ -1,0 +1,150 @@
+"""The application factory. Nothing happens at import time: engines and pools
+are built in the lifespan and disposed on shutdown."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .api import v1
+from .config import Settings
+from .engine import Engine
+from .errors import RollplanError, TooLarge
+from .storage import migrate
+from .storage.db import make_engine, make_sessionmaker
+
+PROBLEM_JSON = "application/problem+json"
+
+
+def _problem(status: int, title: str, detail: str, errors=None, headers=None) -> JSONResponse:
+    body = {"type": f"https://rollplan.dev/problems/{title.lower().replace(' ', '-')}", "title": title,
+            "status": status, "detail": detail}
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class BodyLimit:
+    """Refuses bodies over ``limit`` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                try:
+                    too_big = int(v) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    return await self._refuse(scope, receive, send)
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise TooLarge(f"request body exceeds {self.limit} bytes; split the request")
+            return msg
+
+        await self.app(scope, limited, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        resp = _problem(413, "Request too large", f"request body exceeds {self.limit} bytes; split the request")
+        await resp(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        db = make_engine(settings)
+        if settings.auto_migrate:
+            migrate.upgrade(settings.database_url)
+        app.state.settings = settings
+        app.state.engine = Engine(settings, make_sessionmaker(db))
+        try:
+            yield
+        finally:
+            db.dispose()
+
+    app = FastAPI(
+        title="Rollplan",
+        version="0.1.0",
+        summary="Curriculum and rollout-budget scheduling for RL post-training.",
+        lifespan=lifespan,
+    )
+    app.include_router(v1.router)
+
+    registry = CollectorRegistry()
+    requests = Counter("rollplan_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)
+    latency = Histogram("rollplan_http_request_seconds", "HTTP request latency", ["method", "route"], registry=registry)
+
+    @app.middleware("http")
+    async def _metrics(request: Request, call_next):
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        latency.labels(request.method, path).observe(time.perf_counter() - t0)
+        requests.labels(request.method, path, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(RollplanError)
+    async def _rollplan_error(_: Request, exc: RollplanError):
+        return JSONResponse(exc.problem(), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError):
+        errors = [{"loc": _loc(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        first = errors[0] if errors else {"loc": "body", "msg": "invalid"}
+        more = f" ({len(errors)} errors in all)" if len(errors) > 1 else ""
+        return _problem(422, "Validation failed", f"{first['loc']}: {first['msg']}{more}", errors=errors[:100])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+        return _problem(exc.status_code, title, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.get("/healthz", tags=["operations"])
+    def healthz() -> dict:
+        """The process is up (no I/O)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], responses={503: {"description": "Database unreachable"}})
+    def readyz(request: Request):
+        """The database answers."""
+        try:
+            with request.app.state.engine.sessions() as s:
+                s.execute(text("SELECT 1"))
+        except Exception as e:  # noqa: BLE001 - any failure means not ready
+            return _problem(503, "Service unavailable", f"database unreachable: {type(e).__name__}")
+        return {"status": "ready"}
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        """Prometheus text exposition."""
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]

@@ -1,0 +1,68 @@
+"""``rollplan`` command line: serve, migrate."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    try:
+        import typer  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        sys.exit("rollplan: the server is not installed; pip install 'rollplan[server]'")
+    _app()()
+
+
+def _app():
+    import typer
+
+    app = typer.Typer(help="Rollplan: curriculum and rollout-budget scheduling for RL post-training.",
+                      no_args_is_help=True, add_completion=False)
+
+    @app.command()
+    def serve(
+        host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+        port: int = typer.Option(8321, help="Port to listen on."),
+        database_url: str = typer.Option(None, help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL); "
+                                         "default: SQLite file ./rollplan.db"),
+        workers: int = typer.Option(1, help="Worker processes (use PostgreSQL for more than one)."),
+        log_level: str = typer.Option("info"),
+    ) -> None:
+        """Create or upgrade the database, then serve the API."""
+        import uvicorn
+
+        from .config import Settings
+        from .storage import migrate
+
+        if database_url:
+            os.environ["ROLLPLAN_DATABASE_URL"] = database_url
+        settings = Settings()
+        if workers > 1 and settings.is_sqlite:
+            raise typer.BadParameter("several workers need PostgreSQL (ROLLPLAN_DATABASE_URL)", param_hint="--workers")
+        if settings.auto_migrate:
+            migrate.upgrade(settings.database_url)  # once, before workers start
+        os.environ["ROLLPLAN_AUTO_MIGRATE"] = "false"
+        uvicorn.run("rollplan.service.app:create_app", factory=True, host=host, port=port,
+                    workers=workers, log_level=log_level)
+
+    @app.command("migrate")
+    def migrate_cmd(
+        revision: str = typer.Argument("head", help="Target revision (head, base, or an id)."),
+        database_url: str = typer.Option(None, help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL)."),
+        down: bool = typer.Option(False, "--down", help="Downgrade to the revision instead."),
+    ) -> None:
+        """Apply (or with --down, revert) schema migrations."""
+        from .config import Settings
+        from .storage import migrate
+
+        url = database_url or Settings().database_url
+        (migrate.downgrade if down else migrate.upgrade)(url, revision)
+        typer.echo(f"database at revision {migrate.current(url)}")
+
+    return app
+
+
+if __name__ == "__main__":
+    main()

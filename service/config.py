@@ -1,0 +1,56 @@
+"""Service settings: one pydantic-settings class, every field overridable by a
+``ROLLPLAN_*`` environment variable."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing import Annotated
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROLLPLAN_", extra="ignore")
+
+    database_url: str = Field(
+        "sqlite:///./rollplan.db",
+        description="SQLAlchemy URL. Default: an embedded SQLite file in the working "
+        "directory. PostgreSQL: postgresql+psycopg://user@host:5432/db",
+    )
+    auto_migrate: bool = Field(
+        True, description="Upgrade the schema to the latest migration at start-up."
+    )
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated API keys. Empty: no auth (local embedded mode).",
+    )
+    db_pool_size: int = Field(10, ge=1, description="Connections per process (PostgreSQL).")
+    db_max_overflow: int = Field(10, ge=0)
+
+    # Documented request limits (answered with 413 / 422).
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_prompts_per_request: int = Field(50_000, ge=1)
+    max_results_per_report: int = Field(20_000, ge=1)
+    max_rewards_per_group: int = Field(4_096, ge=1)
+    max_batch_size: int = Field(100_000, ge=1)
+    max_rollout_budget: int = Field(10_000_000, ge=1)
+    max_text_chars: int = Field(100_000, ge=1)
+    max_page_size: int = Field(1_000, ge=1)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_long_enough(cls, v: list[SecretStr]) -> list[SecretStr]:
+        for k in v:
+            if len(k.get_secret_value()) < 16:
+                raise ValueError("API keys must be at least 16 characters long")
+        return v
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,521 @@
+"""The engine between the API and the scheduling core.
+
+It owns each run's in-memory state (a ``RunContext``: the prompt id ↔ ordinal
+map and a ``PoolState`` of numpy arrays), keeps it in step with the database,
+applies reported results to it, asks the run's strategy for plans and persists
+both. The database is the source of truth: a context is rebuilt from the reward
+log on first use and refreshed incrementally (by the run's ``prompt_version``
+and ``report_seq``) whenever another process or replica has written since.
+
+Every write of a run happens inside ``write_session`` (the run's lock), so the
+log order (``report_seq``) is the commit order and replaying it reproduces the
+state of a server that never stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from .api import schemas
+from .config import Settings
+from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
+from .scheduling import allocation
+from .scheduling import strategies as strat
+from .scheduling.pool import Observations, PoolState
+from .storage.db import write_session
+from .storage.models import Plan, PlanItem, Prompt, Report, Result, Run, RunStep
+
+
+def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
+    """The run's settings as stored, strategy parameters filled with their defaults."""
+    try:
+        strategy = strat.build(body.strategy.name, body.strategy.params)
+    except KeyError:
+        raise Invalid(
+            f"strategy.name: unknown strategy {body.strategy.name!r}; known: {sorted(strat.REGISTRY)}",
+            errors=[{"loc": "body.strategy.name", "msg": "unknown strategy"}],
+        ) from None
+    except ValidationError as e:
+        errs = [
+            {"loc": "body.strategy.params." + ".".join(map(str, err["loc"])), "msg": err["msg"]}
+            for err in e.errors(include_url=False)
+        ]
+        raise Invalid(f"{errs[0]['loc']}: {errs[0]['msg']}", errors=errs) from None
+    return {
+        "strategy": {"name": strategy.name, "params": strategy.params.model_dump(mode="json")},
+        "rollouts_per_prompt": body.rollouts_per_prompt,
+        "min_rollouts": body.min_rollouts,
+        "max_rollouts": body.max_rollouts,
+        "reward_range": list(body.reward_range),
+    }
+
+
+@dataclass
+class RunContext:
+    run_pk: int
+    run_id: str
+    settings: dict[str, Any]
+    strategy: strat.Strategy
+    pool: PoolState
+    ids: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    domain_codes: dict[str | None, int] = field(default_factory=lambda: {None: 0})
+    prompt_version: int = 0
+    report_seq: int = 0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        lo, hi = self.settings["reward_range"]
+        return float(lo), float(hi)
+
+    # -- prompts ------------------------------------------------------------------
+    def apply_prompts(self, ordinals: list[int], ids: list[str], domains: list, priors: list) -> None:
+        for o, pid in zip(ordinals, ids):
+            if o == len(self.ids):
+                self.ids.append(pid)
+                self.index[pid] = o
+            elif o > len(self.ids):  # pragma: no cover - ordinals are dense by construction
+                raise RuntimeError(f"prompt ordinal gap at {o} (have {len(self.ids)})")
+        codes = np.fromiter(
+            (self.domain_codes.setdefault(d, len(self.domain_codes)) for d in domains),
+            dtype=np.int32,
+            count=len(domains),
+        )
+        prior = np.array([np.nan if p is None else p for p in priors], dtype=np.float64)
+        self.pool.set_prompts(np.asarray(ordinals, dtype=np.int64), codes, prior)
+
+    def lookup(self, prompt_ids: list[str]) -> np.ndarray:
+        """Ordinals of the ids, -1 for an unknown id."""
+        idx = self.index
+        return np.fromiter((idx.get(p, -1) for p in prompt_ids), dtype=np.int64, count=len(prompt_ids))
+
+    # -- results ------------------------------------------------------------------
+    def observations(self, ordinals, n, reward_sum, step, informative) -> Observations:
+        lo, hi = self.reward_range
+        n = np.asarray(n, dtype=np.int64)
+        successes = (np.asarray(reward_sum, dtype=np.float64) - n * lo) / (hi - lo)
+        return Observations(
+            ordinals=np.asarray(ordinals, dtype=np.int64),
+            n=n,
+            successes=np.clip(successes, 0.0, n.astype(np.float64)),
+            step=np.asarray(step, dtype=np.int64),
+            informative=np.asarray(informative, dtype=bool),
+        )
+
+
+class Engine:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session]) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self._contexts: dict[str, RunContext] = {}
+        self._lock = threading.Lock()
+
+    # -- contexts -----------------------------------------------------------------
+    def get_run(self, session: Session, run_id: str) -> Run:
+        run = session.scalar(select(Run).where(Run.id == run_id))
+        if run is None:
+            raise NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
+        return run
+
+    def context(self, session: Session, run: Run) -> RunContext:
+        """The run's in-memory state, brought up to date with the database."""
+        with self._lock:
+            ctx = self._contexts.get(run.id)
+            if ctx is None or ctx.run_pk != run.pk:
+                strategy = strat.build(run.settings["strategy"]["name"], run.settings["strategy"]["params"])
+                ctx = RunContext(
+                    run_pk=run.pk,
+                    run_id=run.id,
+                    settings=run.settings,
+                    strategy=strategy,
+                    pool=PoolState(**strategy.pool_options()),
+                )
+                self._contexts[run.id] = ctx
+        with ctx.lock:
+            if ctx.prompt_version < run.prompt_version or ctx.report_seq < run.report_seq:
+                self._refresh(session, ctx)
+        return ctx
+
+    def _refresh(self, session: Session, ctx: RunContext) -> None:
+        # Results first, prompts second: a report only names prompts committed
+        # before it, so the later prompt read covers every ordinal it names.
+        res = session.execute(
+            select(
+                Result.report_seq, Result.prompt_ordinal, Result.n, Result.reward_sum, Result.step, Result.informative
+            )
+            .where(Result.run_pk == ctx.run_pk, Result.report_seq > ctx.report_seq)
+            .order_by(Result.report_seq, Result.position)
+        ).all()
+        prompts = session.execute(
+            select(Prompt.ordinal, Prompt.id, Prompt.domain, Prompt.prior_pass_rate, Prompt.version)
+            .where(Prompt.run_pk == ctx.run_pk, Prompt.version > ctx.prompt_version)
+            .order_by(Prompt.ordinal)
+        ).all()
+        if prompts:
+            cols = list(zip(*prompts))
+            ctx.apply_prompts(list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]))
+            ctx.prompt_version = max(ctx.prompt_version, int(max(cols[4])))
+        if res:
+            cols = list(zip(*res))
+            ctx.pool.observe(ctx.observations(cols[1], cols[2], cols[3], cols[4], cols[5]))
+            ctx.report_seq = int(cols[0][-1])
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._contexts.pop(run_id, None)
+
+    # -- runs ---------------------------------------------------------------------
+    def put_run(self, run_id: str, body: schemas.RunIn) -> tuple[bool, Run]:
+        wanted = normalise_settings(body)
+        with write_session(self.sessions, run_id) as s:
+            run = s.scalar(select(Run).where(Run.id == run_id))
+            if run is None:
+                run = Run(id=run_id, settings=wanted, meta=body.metadata)
+                s.add(run)
+                s.flush()
+                s.refresh(run)
+                return True, run
+            if run.settings != wanted:
+                diff = sorted(k for k in wanted if wanted[k] != run.settings.get(k))
+                raise Conflict(
+                    f"run {run_id!r} exists with different settings ({', '.join(diff)}); "
+                    "use a new run id, or send the same settings to attach",
+                    errors=[{"loc": f"body.{k}", "msg": "differs from the existing run"} for k in diff],
+                )
+            if body.metadata != run.meta:
+                run.meta = body.metadata
+            return False, run
+
+    def stats(self, session: Session, run: Run) -> schemas.RunStats:
+        steps = session.scalar(select(func.count()).select_from(RunStep).where(RunStep.run_pk == run.pk))
+        return schemas.RunStats(
+            prompts=run.n_prompts,
+            steps=steps or 0,
+            plans=run.n_plans,
+            results=run.n_results,
+            rollouts=run.n_rollouts,
+            informative_rollouts=run.n_informative_rollouts,
+        )
+
+    def _mark_step(self, s: Session, run_pk: int, step: int) -> None:
+        ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+        s.execute(ins(RunStep).values(run_pk=run_pk, step=step).on_conflict_do_nothing())
+
+    # -- prompts ------------------------------------------------------------------
+    def upsert_prompts(self, run_id: str, body: schemas.PromptsIn) -> schemas.PromptsAck:
+        items = body.prompts
+        if len(items) > self.settings.max_prompts_per_request:
+            raise TooLarge(
+                f"prompts: {len(items)} items exceed the limit of {self.settings.max_prompts_per_request} "
+                "per request; split the upload into chunks"
+            )
+        too_long = [
+            (i, p.id, f"text longer than {self.settings.max_text_chars} characters")
+            for i, p in enumerate(items)
+            if p.text is not None and len(p.text) > self.settings.max_text_chars
+        ]
+        if too_long:
+            raise Invalid(f"prompts[{too_long[0][0]}].text: {too_long[0][2]}", errors=item_errors("prompts", too_long))
+        seen: dict[str, int] = {}
+        dups = []
+        for i, p in enumerate(items):
+            if p.id in seen:
+                dups.append((i, p.id, f"duplicate of prompts[{seen[p.id]}] in the same request"))
+            seen[p.id] = i
+        if dups:
+            raise Invalid(f"prompts[{dups[0][0]}].id: {dups[0][2]}", errors=item_errors("prompts", dups))
+
+        with write_session(self.sessions, run_id) as s:
+            run = self.get_run(s, run_id)
+            ctx = self.context(s, run)
+            version = run.prompt_version + 1
+            new_rows, upd_rows = [], []
+            for p in items:
+                o = ctx.index.get(p.id)
+                if o is None:
+                    row = {
+                        "run_pk": run.pk,
+                        "ordinal": run.n_prompts + len(new_rows),
+                        "id": p.id,
+                        "domain": p.domain,
+                        "tags": p.tags,
+                        "prior_pass_rate": p.prior_pass_rate,
+                        "text": p.text,
+                        "version": version,
+                    }
+                    new_rows.append(row)
+                else:
+                    row = {"run_pk": run.pk, "ordinal": o, "version": version}
+                    row.update(p.model_dump(include=p.model_fields_set - {"id"}))
+                    upd_rows.append(row)
+            if new_rows:
+                s.execute(insert(Prompt), new_rows)
+            if upd_rows:
+                s.execute(update(Prompt), upd_rows)
+            run.n_prompts += len(new_rows)
+            run.prompt_version = version
+        return schemas.PromptsAck(created=len(new_rows), updated=len(upd_rows))
+
+    # -- plans --------------------------------------------------------------------
+    def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, schemas.PlanOut]:
+        if body.batch_size > self.settings.max_batch_size:
+            raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
+        with write_session(self.sessions, run_id) as s:
+            run = self.get_run(s, run_id)
+            cfg = run.settings
+            budget = body.rollout_budget or body.batch_size * cfg["rollouts_per_prompt"]
+            if budget > self.settings.max_rollout_budget:
+                raise TooLarge(f"rollout_budget: {budget} exceeds the limit of {self.settings.max_rollout_budget}")
+            step = body.step
+            if step is None:
+                last = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_pk == run.pk))
+                step = 0 if last is None else last + 1
+            existing = s.scalar(select(Plan).where(Plan.run_pk == run.pk, Plan.step == step))
+            ctx = self.context(s, run)
+            if existing is not None:
+                if (existing.batch_size, existing.rollout_budget) != (body.batch_size, budget):
+                    raise Conflict(
+                        f"step {step} already has a plan with batch_size={existing.batch_size}, "
+                        f"rollout_budget={existing.rollout_budget}; this request asks for "
+                        f"batch_size={body.batch_size}, rollout_budget={budget}"
+                    )
+                return False, self._load_plan(s, ctx, existing)
+            if ctx.pool.size < body.batch_size:
+                raise Conflict(
+                    f"batch_size: the run's pool has {ctx.pool.size} prompts, fewer than batch_size "
+                    f"{body.batch_size}; register more prompts or ask for a smaller batch"
+                )
+            why = allocation.check_budget(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"])
+            if why:
+                raise Invalid(f"rollout_budget: {why}", errors=[{"loc": "body.rollout_budget", "msg": why}])
+            req = strat.PlanRequest(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"], step)
+            with ctx.lock:
+                decision = ctx.strategy.plan(ctx.pool, req, strat.plan_rng(run.id, step, ctx.strategy.name))
+            plan = Plan(
+                id=uuid.uuid4().hex,
+                run_pk=run.pk,
+                step=step,
+                strategy=ctx.strategy.name,
+                batch_size=body.batch_size,
+                rollout_budget=budget,
+            )
+            s.add(plan)
+            s.flush()
+            s.execute(
+                insert(PlanItem),
+                [
+                    {"plan_id": plan.id, "position": i, "prompt_ordinal": o, "rollouts": r, "predicted_pass_rate": p}
+                    for i, (o, r, p) in enumerate(
+                        zip(
+                            decision.ordinals.tolist(),
+                            decision.rollouts.tolist(),
+                            decision.predicted_pass_rate.tolist(),
+                        )
+                    )
+                ],
+            )
+            self._mark_step(s, run.pk, step)
+            run.n_plans += 1
+            out = self._plan_out(ctx, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
+        return True, out
+
+    def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> schemas.PlanOut:
+        rows = s.execute(
+            select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
+            .where(PlanItem.plan_id == plan.id)
+            .order_by(PlanItem.position)
+        ).all()
+        o, r, p = (list(c) for c in zip(*rows))
+        return self._plan_out(ctx, plan, o, r, p)
+
+    @staticmethod
+    def _plan_out(ctx: RunContext, plan: Plan, ordinals, rollouts, predicted) -> schemas.PlanOut:
+        ids = ctx.ids
+        return schemas.PlanOut(
+            plan_id=plan.id,
+            step=plan.step,
+            strategy=plan.strategy,
+            batch_size=plan.batch_size,
+            rollout_budget=plan.rollout_budget,
+            items=[
+                schemas.PlanItemOut(prompt_id=ids[o], rollouts=r, predicted_pass_rate=p)
+                for o, r, p in zip(np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist())
+            ],
+        )
+
+    # -- results ------------------------------------------------------------------
+    def report(self, run_id: str, body: schemas.ResultsIn) -> schemas.ResultsAck:
+        cfg = self.settings
+        groups = body.results
+        if len(groups) > cfg.max_results_per_report:
+            raise TooLarge(
+                f"results: {len(groups)} groups exceed the limit of {cfg.max_results_per_report} "
+                "per report; split it into several reports with distinct report_ids"
+            )
+        lengths = np.fromiter((len(g.rewards) for g in groups), dtype=np.int64, count=len(groups))
+        if lengths.max() > cfg.max_rewards_per_group:
+            i = int(np.argmax(lengths > cfg.max_rewards_per_group))
+            raise TooLarge(
+                f"results[{i}].rewards: {int(lengths[i])} rewards exceed the limit of "
+                f"{cfg.max_rewards_per_group} per group"
+            )
+        flat = np.fromiter((r for g in groups for r in g.rewards), dtype=np.float64, count=int(lengths.sum()))
+        starts = np.r_[0, np.cumsum(lengths)[:-1]]
+        sums = np.add.reduceat(flat, starts)
+        gmax = np.maximum.reduceat(flat, starts)
+        gmin = np.minimum.reduceat(flat, starts)
+        body_hash = hashlib.sha256(
+            json.dumps(
+                [body.step, body.plan_id, [[g.prompt_id, g.rewards] for g in groups]], separators=(",", ":")
+            ).encode()
+        ).hexdigest()
+
+        with write_session(self.sessions, run_id) as s:
+            run = self.get_run(s, run_id)
+            prior = s.scalar(select(Report).where(Report.run_pk == run.pk, Report.report_id == body.report_id))
+            if prior is not None:
+                if prior.body_hash != body_hash:
+                    raise Conflict(
+                        f"report_id {body.report_id!r} was already used for a different report; "
+                        "a re-sent report must be identical, a new one needs a new report_id"
+                    )
+                return schemas.ResultsAck(accepted=prior.n_groups, duplicate=True)
+            lo, hi = run.settings["reward_range"]
+            ctx = self.context(s, run)
+            ordinals = ctx.lookup([g.prompt_id for g in groups])
+            bad = [(int(i), groups[i].prompt_id, "unknown prompt id") for i in np.flatnonzero(ordinals < 0)]
+            bad += [
+                (int(i), groups[i].prompt_id, f"reward outside the run's reward_range [{lo}, {hi}]")
+                for i in np.flatnonzero((gmin < lo) | (gmax > hi))
+            ]
+            if bad:
+                bad.sort()
+                raise Invalid(
+                    f"results[{bad[0][0]}]: {bad[0][2]} ({len(bad)} invalid items in all); nothing was stored",
+                    errors=item_errors("results", bad),
+                )
+            if body.plan_id is not None:
+                plan_ok = s.scalar(select(Plan.id).where(Plan.id == body.plan_id, Plan.run_pk == run.pk))
+                if plan_ok is None:
+                    raise Invalid(
+                        f"plan_id: no plan {body.plan_id!r} in run {run_id!r}",
+                        errors=[{"loc": "body.plan_id", "msg": "unknown plan"}],
+                    )
+            seq = run.report_seq + 1
+            informative = gmax != gmin
+            s.add(
+                Report(
+                    run_pk=run.pk,
+                    report_seq=seq,
+                    report_id=body.report_id,
+                    body_hash=body_hash,
+                    step=body.step,
+                    plan_id=body.plan_id,
+                    n_groups=len(groups),
+                )
+            )
+            s.flush()
+            self._insert_results(s, run.pk, seq, body.step, ordinals, lengths, sums, informative, groups)
+            self._mark_step(s, run.pk, body.step)
+            run.report_seq = seq
+            run.n_results += len(groups)
+            run.n_rollouts += int(lengths.sum())
+            run.n_informative_rollouts += int(lengths[informative].sum())
+        # Committed. Apply to memory if nothing else got in between; otherwise the
+        # next read refreshes from the log.
+        with ctx.lock:
+            if ctx.report_seq == seq - 1:
+                steps = np.full(len(groups), body.step, dtype=np.int64)
+                ctx.pool.observe(ctx.observations(ordinals, lengths, sums, steps, informative))
+                ctx.report_seq = seq
+        return schemas.ResultsAck(accepted=len(groups), duplicate=False)
+
+    @staticmethod
+    def _insert_results(s, run_pk, seq, step, ordinals, lengths, sums, informative, groups) -> None:
+        """One bulk write: COPY on PostgreSQL, one executemany on SQLite."""
+        cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist())
+        if s.get_bind().dialect.name == "postgresql":
+            lines = [
+                f"{run_pk}\t{seq}\t{i}\t{o}\t{step}\t{n}\t{r!r}\t{'t' if inf else 'f'}\t{json.dumps(g.rewards)}\n"
+                for i, ((o, n, r, inf), g) in enumerate(zip(cols, groups))
+            ]
+            dbapi = s.connection().connection.dbapi_connection
+            with dbapi.cursor() as cur:
+                with cur.copy(
+                    "COPY results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, "
+                    "informative, rewards) FROM STDIN"
+                ) as cp:
+                    cp.write("".join(lines))
+            return
+        s.execute(
+            insert(Result),
+            [
+                {
+                    "run_pk": run_pk,
+                    "report_seq": seq,
+                    "position": i,
+                    "prompt_ordinal": o,
+                    "step": step,
+                    "n": n,
+                    "reward_sum": r,
+                    "informative": inf,
+                    "rewards": g.rewards,
+                }
+                for i, ((o, n, r, inf), g) in enumerate(zip(cols, groups))
+            ],
+        )
+
+    # -- reads --------------------------------------------------------------------
+    def prompt_rows(self, ctx: RunContext, rows: list[Prompt]) -> list[dict[str, Any]]:
+        """Prompt rows joined with their current estimates (vectorised over the page)."""
+        if not rows:
+            return []
+        o = np.fromiter((r.ordinal for r in rows), dtype=np.int64, count=len(rows))
+        with ctx.lock:
+            pool = ctx.pool
+            a, b = pool.posterior(o)
+            n = pool.rollouts[o]
+            g = pool.groups[o]
+            rs = pool.reward_sum[o]
+            last = pool.last_step[o]
+        lo, hi = ctx.reward_range
+        out = []
+        for i, r in enumerate(rows):
+            ni = int(n[i])
+            out.append(
+                {
+                    "id": r.id,
+                    "domain": r.domain,
+                    "tags": r.tags,
+                    "prior_pass_rate": r.prior_pass_rate,
+                    "rollouts": ni,
+                    "groups": int(g[i]),
+                    "mean_reward": float(rs[i] / ni) if ni else None,
+                    "predicted_pass_rate": float(a[i] / (a[i] + b[i])),
+                    "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
+                    "last_step": int(last[i]) if last[i] >= 0 else None,
+                }
+            )
+        return out
+
+    def history(self, s: Session, ctx: RunContext, ordinal: int) -> list[dict[str, Any]]:
+        rows = s.execute(
+            select(Report.report_id, Result.step, Result.rewards)
+            .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+            .where(Result.run_pk == ctx.run_pk, Result.prompt_ordinal == ordinal)
+            .order_by(Result.report_seq, Result.position)
+        ).all()
+        return [{"report_id": r, "step": st, "rewards": rw} for r, st, rw in rows]

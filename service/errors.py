@@ -1,0 +1,62 @@
+"""Typed errors with one shape everywhere: RFC 9457 problem+json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RollplanError(Exception):
+    status: int = 400
+    title: str = "Bad request"
+
+    def __init__(self, detail: str, *, errors: list[dict[str, Any]] | None = None, headers: dict | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers
+
+    def problem(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": f"https://rollplan.dev/problems/{self.title.lower().replace(' ', '-')}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if self.errors is not None:
+            body["errors"] = self.errors
+        return body
+
+
+class NotFound(RollplanError):
+    status, title = 404, "Not found"
+
+
+class Conflict(RollplanError):
+    status, title = 409, "Conflict"
+
+
+class Invalid(RollplanError):
+    status, title = 422, "Validation failed"
+
+
+class TooLarge(RollplanError):
+    status, title = 413, "Request too large"
+
+
+class Unauthorized(RollplanError):
+    status, title = 401, "Unauthorized"
+
+
+class Forbidden(RollplanError):
+    status, title = 403, "Forbidden"
+
+
+class Unavailable(RollplanError):
+    status, title = 503, "Service unavailable"
+
+
+def item_errors(field: str, bad: list[tuple[int, str, str]], limit: int = 50) -> list[dict[str, Any]]:
+    """[(index, id, message)] → problem ``errors`` entries, capped at ``limit``."""
+    return [
+        {"loc": f"{field}[{i}]", "id": pid, "msg": msg} for i, pid, msg in bad[:limit]
+    ]

@@ -1,0 +1,53 @@
+"""Beta–Bernoulli posterior of each prompt's pass rate, with forgetting.
+
+MoPPS (thu-rllab/MoPPS ``recipe/ours/mopps.py``) updates, after a group with
+success rate s over n rollouts,
+
+    α ← λ·α + (1−λ)·α₀ + s·n,      β ← λ·β + (1−λ)·β₀ + (1−s)·n
+
+with α₀ = β₀ = 1. Unrolled, α = α₀ + Eα where the *evidence* Eα ← λ·Eα + s·n.
+We store only the evidence, so the prior (α₀, β₀) — which may come from a
+client-supplied prior pass rate, or later from a domain prior — is applied at
+read time and can change without replaying the log. With α₀ = β₀ = 1 this is
+exactly MoPPS. Continuous rewards in [0, 1] enter as fractional successes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .util import occurrence_rank
+
+
+class BetaPosterior:
+    def __init__(self, forgetting: float) -> None:
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError("forgetting must be in (0, 1]")
+        self.forgetting = float(forgetting)
+        self.ev_success_ = np.zeros(0, np.float64)
+        self.ev_failure_ = np.zeros(0, np.float64)
+
+    def grow(self, size: int) -> None:
+        for name in ("ev_success_", "ev_failure_"):
+            a = getattr(self, name)
+            if a.shape[0] < size:
+                out = np.zeros(max(size, 2 * a.shape[0], 1024), np.float64)
+                out[: a.shape[0]] = a
+                setattr(self, name, out)
+
+    def update(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
+        """Apply groups in order; repeated ordinals are applied one after another."""
+        lam = self.forgetting
+        fail = n - successes
+        rank = occurrence_rank(ordinals)
+        for r in range(int(rank.max()) + 1 if rank.size else 0):
+            m = rank == r
+            o = ordinals[m]
+            self.ev_success_[o] = lam * self.ev_success_[o] + successes[m]
+            self.ev_failure_[o] = lam * self.ev_failure_[o] + fail[m]
+
+    def posterior(
+        self, size: int, idx: np.ndarray | slice, a0: np.ndarray, b0: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(α, β) for the prompts at ``idx`` of the live part ``[:size]``."""
+        return a0 + self.ev_success_[:size][idx], b0 + self.ev_failure_[:size][idx]

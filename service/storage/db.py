@@ -1,0 +1,76 @@
+"""Engine and session set-up for SQLite (embedded default) and PostgreSQL.
+
+Write transactions take a per-run lock first, so that reports and plans of one
+run are decided one at a time, whichever process or replica serves them:
+PostgreSQL: ``pg_advisory_xact_lock`` (works before any row exists, frees itself
+at commit); SQLite: ``BEGIN IMMEDIATE`` takes the database write lock up front.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..config import Settings
+
+_SQLITE_BEGIN = "sqlite_begin"
+
+
+def make_engine(settings: Settings) -> Engine:
+    url = settings.database_url
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised by every test
+            # Let SQLAlchemy emit BEGIN itself (pysqlite's own handling is off).
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql(conn.get_execution_options().get(_SQLITE_BEGIN, "BEGIN"))
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=True,
+    )
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def run_lock_key(run_id: str) -> int:
+    """A stable signed 64-bit key for the run's advisory lock."""
+    return int.from_bytes(hashlib.blake2b(run_id.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+@contextmanager
+def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Session]:
+    """A transaction that holds the run's lock from its first statement to commit."""
+    with factory() as session:
+        if session.get_bind().dialect.name == "sqlite":
+            session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+        else:
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

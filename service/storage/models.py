@@ -1,0 +1,155 @@
+"""SQLAlchemy 2 models. The schema changes only through Alembic (``migrations/``).
+
+The reward log (``results``) is the source of truth; every estimator state is
+derived from it. Rows of one run are ordered by ``(report_seq, position)``:
+``report_seq`` is the run's own counter, taken under the run lock, so replaying
+the log in that order reproduces exactly the order in which reports committed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID_LEN = 200
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(ID_LEN), unique=True, nullable=False)
+    settings: Mapped[dict] = mapped_column(JSON, nullable=False)
+    meta: Mapped[dict] = mapped_column("metadata", JSON, nullable=False, default=dict)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    # Counters, all updated in the same transaction as the rows they count.
+    n_prompts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    prompt_version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    report_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    n_plans: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    n_results: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    n_rollouts: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    n_informative_rollouts: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+
+    run_pk: Mapped[int] = mapped_column(
+        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
+    )
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    id: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
+    domain: Mapped[str | None] = mapped_column(String(ID_LEN))
+    tags: Mapped[list | None] = mapped_column(JSON)
+    prior_pass_rate: Mapped[float | None] = mapped_column(Float)
+    text: Mapped[str | None] = mapped_column(Text)
+    # The run's prompt_version when this row was last written: replicas refresh
+    # incrementally with ``version > last_seen``.
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    __table_args__ = (
+        UniqueConstraint("run_pk", "id", name="uq_prompts_run_id"),
+        Index("ix_prompts_run_version", "run_pk", "version"),
+    )
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), nullable=False)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    strategy: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
+    batch_size: Mapped[int] = mapped_column(Integer, nullable=False)
+    rollout_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+    __table_args__ = (UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),)
+
+
+class PlanItem(Base):
+    __tablename__ = "plan_items"
+
+    plan_id: Mapped[str] = mapped_column(
+        ForeignKey("plans.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
+    rollouts: Mapped[int] = mapped_column(Integer, nullable=False)
+    predicted_pass_rate: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class Report(Base):
+    __tablename__ = "reports"
+
+    run_pk: Mapped[int] = mapped_column(
+        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
+    )
+    report_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    report_id: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
+    body_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    plan_id: Mapped[str | None] = mapped_column(String(64))
+    n_groups: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+    __table_args__ = (UniqueConstraint("run_pk", "report_id", name="uq_reports_run_report"),)
+
+
+class Result(Base):
+    """The reward log: one row per reported prompt group."""
+
+    __tablename__ = "results"
+
+    run_pk: Mapped[int] = mapped_column(Integer, primary_key=True)
+    report_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    prompt_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    n: Mapped[int] = mapped_column(Integer, nullable=False)
+    reward_sum: Mapped[float] = mapped_column(Float, nullable=False)
+    informative: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    rewards: Mapped[list] = mapped_column(JSON, nullable=False)
+
+    __table_args__ = (
+        Index("ix_results_run_prompt", "run_pk", "prompt_ordinal"),
+        Index("ix_results_run_step", "run_pk", "step"),
+    )
+
+
+class RunStep(Base):
+    """Distinct steps of a run that have a plan or results (for stats and the
+    default next step), kept with ``ON CONFLICT DO NOTHING`` inserts."""
+
+    __tablename__ = "run_steps"
+
+    run_pk: Mapped[int] = mapped_column(
+        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
