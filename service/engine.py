@@ -503,7 +503,7 @@ class Engine:
                     "prior_pass_rate": r.prior_pass_rate,
                     "rollouts": ni,
                     "groups": int(g[i]),
-                    "mean_reward": float(rs[i] / ni) if ni else None,
+                    "mean_reward": float(lo + (hi - lo) * rs[i] / ni) if ni else None,
                     "predicted_pass_rate": float(a[i] / (a[i] + b[i])),
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,

@@ -32,16 +32,19 @@ RESPONSES = {
 
 
 def _encode_cursor(value: str | int) -> str:
-    return base64.urlsafe_b64encode(str(value).encode()).decode()
+    return base64.urlsafe_b64encode(f"c1:{value}".encode()).decode()
 
 
 def _decode_cursor(cursor: str | None) -> str | None:
     if cursor is None:
         return None
     try:
-        return base64.urlsafe_b64decode(cursor.encode()).decode()
+        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
+        if raw.startswith("c1:"):
+            return raw[3:]
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+        pass
+    raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}])
 
 
 def _run_out(engine, session, run: Run) -> schemas.RunOut:

@@ -79,6 +79,7 @@ class PoolState:
 
     @property
     def reward_sum(self) -> np.ndarray:
+        """Sum of rewards mapped onto [0, 1] (fractional successes)."""
         return self._reward_sum[: self.size]
 
     @property

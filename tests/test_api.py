@@ -1,0 +1,418 @@
+"""Every endpoint of API.md with its error cases, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+PROBLEM = "application/problem+json"
+
+
+def make_run(client, run_id="run-1", n_prompts=50, **settings):
+    r = client.put(f"/v1/runs/{run_id}", json={"rollouts_per_prompt": 8, **settings})
+    assert r.status_code == 201, r.text
+    if n_prompts:
+        prompts = [{"id": f"set/{i}", "domain": ["math", "code"][i % 2]} for i in range(n_prompts)]
+        r = client.post(f"/v1/runs/{run_id}/prompts", json={"prompts": prompts})
+        assert r.status_code == 200, r.text
+    return run_id
+
+
+def assert_problem(r, status, *needles):
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body = r.json()
+    assert body["status"] == status and body["title"] and body["detail"]
+    for n in needles:
+        assert n in r.text, (n, r.text)
+    return body
+
+
+# -- runs ---------------------------------------------------------------------------
+def test_put_run_create_attach_conflict(client):
+    body = {"strategy": {"name": "default"}, "rollouts_per_prompt": 8, "min_rollouts": 2, "max_rollouts": 64,
+            "metadata": {"model": "qwen2.5-7b"}}
+    r = client.put("/v1/runs/exp.1:a-b_c", json=body)
+    assert r.status_code == 201
+    run = r.json()
+    assert run["id"] == "exp.1:a-b_c"
+    assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["forgetting"] == 0.5
+    assert (run["rollouts_per_prompt"], run["min_rollouts"], run["max_rollouts"]) == (8, 2, 64)
+    assert run["metadata"] == {"model": "qwen2.5-7b"}
+    assert run["stats"] == {"prompts": 0, "steps": 0, "plans": 0, "results": 0, "rollouts": 0, "informative_rollouts": 0}
+
+    # Same settings: attach (200). Explicit default params are the same settings.
+    body2 = {**body, "strategy": {"name": "default", "params": {"forgetting": 0.5}}}
+    assert client.put("/v1/runs/exp.1:a-b_c", json=body2).status_code == 200
+    # Different settings: 409 naming what differs.
+    assert_problem(client.put("/v1/runs/exp.1:a-b_c", json={**body, "rollouts_per_prompt": 16}), 409,
+                   "rollouts_per_prompt")
+    assert_problem(client.put("/v1/runs/exp.1:a-b_c", json={**body, "strategy": {"name": "uniform"}}), 409, "strategy")
+    assert client.get("/v1/runs/exp.1:a-b_c").json()["rollouts_per_prompt"] == 8
+
+
+def test_put_run_omitted_strategy_is_default(client):
+    r = client.put("/v1/runs/r", json={})
+    assert r.status_code == 201 and r.json()["strategy"]["name"] == "default"
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"strategy": {"name": "nope"}}, "strategy.name"),
+        ({"strategy": {"name": "default", "params": {"forgetting": 2}}}, "forgetting"),
+        ({"strategy": {"name": "default", "params": {"bogus": 1}}}, "bogus"),
+        ({"rollouts_per_prompt": 0}, "rollouts_per_prompt"),
+        ({"rollouts_per_prompt": 8, "min_rollouts": 9}, "min_rollouts"),
+        ({"reward_range": [1, 0]}, "reward_range"),
+        ({"extra_field": 1}, "extra_field"),
+    ],
+)
+def test_put_run_invalid(client, body, needle):
+    assert_problem(client.put("/v1/runs/r", json=body), 422, needle)
+    assert_problem(client.get("/v1/runs/r"), 404)
+
+
+def test_run_id_rules(client):
+    assert_problem(client.put("/v1/runs/bad%20id", json={}), 422, "run_id")
+    assert_problem(client.put("/v1/runs/" + "a" * 201, json={}), 422, "run_id")
+    assert client.put("/v1/runs/" + "a" * 200, json={}).status_code == 201
+
+
+def test_get_unknown_run(client):
+    assert_problem(client.get("/v1/runs/ghost"), 404, "ghost")
+    assert_problem(client.post("/v1/runs/ghost/plans", json={"batch_size": 1}), 404)
+    assert_problem(client.post("/v1/runs/ghost/prompts", json={"prompts": [{"id": "a"}]}), 404)
+    rep = {"report_id": "x", "step": 0, "results": [{"prompt_id": "a", "rewards": [1]}]}
+    assert_problem(client.post("/v1/runs/ghost/results", json=rep), 404)
+
+
+def test_list_runs_pages(client):
+    for i in range(5):
+        client.put(f"/v1/runs/run-{i}", json={})
+    seen, cursor = [], None
+    while True:
+        r = client.get("/v1/runs", params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200
+        page = r.json()
+        assert len(page["items"]) <= 2
+        seen += [x["id"] for x in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"run-{i}" for i in range(5)]
+    assert_problem(client.get("/v1/runs", params={"cursor": "!!!"}), 422, "cursor")
+    assert_problem(client.get("/v1/runs", params={"limit": 0}), 422, "limit")
+
+
+# -- prompts ------------------------------------------------------------------------
+def test_prompt_upsert_and_reads(client):
+    make_run(client, n_prompts=0)
+    prompts = [{"id": "gsm8k/train/17", "domain": "math", "tags": ["gsm8k"], "prior_pass_rate": 0.3,
+                "text": "What is 2+2?"}, {"id": "b"}]
+    r = client.post("/v1/runs/run-1/prompts", json={"prompts": prompts})
+    assert r.json() == {"created": 2, "updated": 0}
+    r = client.post("/v1/runs/run-1/prompts", json={"prompts": [{"id": "b", "domain": "code"}, {"id": "c"}]})
+    assert r.json() == {"created": 1, "updated": 1}
+
+    p = client.get("/v1/runs/run-1/prompts/gsm8k%2Ftrain%2F17").json()
+    assert p["id"] == "gsm8k/train/17" and p["domain"] == "math" and p["tags"] == ["gsm8k"]
+    assert p["text"] == "What is 2+2?" and p["history"] == [] and p["rollouts"] == 0
+    assert p["mean_reward"] is None
+    assert p["predicted_pass_rate"] == pytest.approx(0.3)
+    # An update keeps the fields it does not send.
+    b = client.get("/v1/runs/run-1/prompts/b").json()
+    assert b["domain"] == "code"
+    client.post("/v1/runs/run-1/prompts", json={"prompts": [{"id": "b", "prior_pass_rate": 0.8}]})
+    b = client.get("/v1/runs/run-1/prompts/b").json()
+    assert b["domain"] == "code" and b["predicted_pass_rate"] == pytest.approx(0.8)
+
+    page = client.get("/v1/runs/run-1/prompts", params={"limit": 2}).json()
+    assert [x["id"] for x in page["items"]] == ["gsm8k/train/17", "b"]
+    rest = client.get("/v1/runs/run-1/prompts", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [x["id"] for x in rest["items"]] == ["c"] and rest["next_cursor"] is None
+    for x in page["items"]:
+        assert {"id", "domain", "rollouts", "mean_reward", "predicted_pass_rate"} <= set(x)
+    only_code = client.get("/v1/runs/run-1/prompts", params={"domain": "code"}).json()["items"]
+    assert [x["id"] for x in only_code] == ["b"]
+    assert client.get("/v1/runs/run-1").json()["stats"]["prompts"] == 3
+    assert_problem(client.get("/v1/runs/run-1/prompts/nope"), 404, "nope")
+
+
+@pytest.mark.parametrize(
+    "prompts, needle",
+    [
+        ([{"id": ""}], "prompts[0].id"),
+        ([{"id": "a b"}], "prompts[0].id"),
+        ([{"id": "x" * 201}], "prompts[0].id"),
+        ([{"id": "a", "prior_pass_rate": 1.5}], "prior_pass_rate"),
+        ([{"id": "a"}, {"id": "a"}], "duplicate"),
+        ([{"id": "a", "unknown": 1}], "unknown"),
+        ([], "prompts"),
+    ],
+)
+def test_prompt_upsert_invalid(client, prompts, needle):
+    make_run(client, n_prompts=0)
+    assert_problem(client.post("/v1/runs/run-1/prompts", json={"prompts": prompts}), 422, needle)
+    assert client.get("/v1/runs/run-1").json()["stats"]["prompts"] == 0
+
+
+def test_prompt_limits(make_client):
+    client = make_client(max_prompts_per_request=10, max_text_chars=5)
+    make_run(client, n_prompts=0)
+    r = client.post("/v1/runs/run-1/prompts", json={"prompts": [{"id": f"p{i}"} for i in range(11)]})
+    assert_problem(r, 413, "split")
+    assert_problem(client.post("/v1/runs/run-1/prompts", json={"prompts": [{"id": "a", "text": "123456"}]}), 422, "text")
+
+
+def test_body_size_limit(make_client):
+    client = make_client(max_body_bytes=2048)
+    make_run(client, n_prompts=0)
+    r = client.post("/v1/runs/run-1/prompts", json={"prompts": [{"id": f"p{i}"} for i in range(500)]})
+    assert_problem(r, 413, "2048")
+
+
+# -- plans --------------------------------------------------------------------------
+def test_plan_contract(client):
+    make_run(client, min_rollouts=2, max_rollouts=64)
+    r = client.post("/v1/runs/run-1/plans", json={"batch_size": 8, "rollout_budget": 70, "step": 17})
+    assert r.status_code == 201, r.text
+    plan = r.json()
+    assert plan["step"] == 17 and plan["strategy"] == "default" and plan["plan_id"]
+    items = plan["items"]
+    assert len(items) == 8 and len({i["prompt_id"] for i in items}) == 8
+    assert sum(i["rollouts"] for i in items) == 70
+    assert all(2 <= i["rollouts"] <= 64 for i in items)
+    assert all(0 <= i["predicted_pass_rate"] <= 1 for i in items)
+    # Same step, same body: the same stored plan.
+    again = client.post("/v1/runs/run-1/plans", json={"batch_size": 8, "rollout_budget": 70, "step": 17})
+    assert again.status_code == 200 and again.json() == plan
+    # Same step, different body: 409.
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 4, "step": 17}), 409, "step 17")
+    # Default budget and next step.
+    nxt = client.post("/v1/runs/run-1/plans", json={"batch_size": 4}).json()
+    assert nxt["step"] == 18 and nxt["rollout_budget"] == 32
+    assert all(i["rollouts"] == 8 for i in nxt["items"])
+    stats = client.get("/v1/runs/run-1").json()["stats"]
+    assert stats["plans"] == 2 and stats["steps"] == 2
+
+
+def test_first_plan_without_step_is_step_zero(client):
+    make_run(client)
+    assert client.post("/v1/runs/run-1/plans", json={"batch_size": 2}).json()["step"] == 0
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "default", "beta"])
+def test_plan_whole_pool(client, strategy):
+    make_run(client, n_prompts=10, strategy={"name": strategy})
+    plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 10}).json()
+    assert sorted(i["prompt_id"] for i in plan["items"]) == sorted(f"set/{i}" for i in range(10))
+    assert plan["strategy"] == strategy
+
+
+def test_plan_errors(client):
+    make_run(client, n_prompts=5, min_rollouts=2, max_rollouts=16)
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 6}), 409, "5 prompts")
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 2, "rollout_budget": 3}), 422, "min_rollouts")
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 2, "rollout_budget": 33}), 422, "max_rollouts")
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 0}), 422, "batch_size")
+    assert_problem(client.post("/v1/runs/run-1/plans", json={"batch_size": 1, "step": -1}), 422, "step")
+    assert_problem(client.post("/v1/runs/run-1/plans", json={}), 422, "batch_size")
+    assert client.get("/v1/runs/run-1").json()["stats"]["plans"] == 0
+
+
+def test_plan_same_across_restart(make_client):
+    c1 = make_client()
+    make_run(c1)
+    plan = c1.post("/v1/runs/run-1/plans", json={"batch_size": 8, "step": 3}).json()
+    c1.__exit__(None, None, None)
+    c2 = make_client()
+    again = c2.post("/v1/runs/run-1/plans", json={"batch_size": 8, "step": 3})
+    assert again.status_code == 200 and again.json() == plan
+
+
+def test_concurrent_plans_for_one_step_give_one_plan(client):
+    make_run(client)
+    with ThreadPoolExecutor(8) as ex:
+        responses = list(ex.map(lambda _: client.post("/v1/runs/run-1/plans", json={"batch_size": 8, "step": 5}),
+                                range(8)))
+    assert sorted(r.status_code for r in responses) == [200] * 7 + [201]
+    assert len({r.json()["plan_id"] for r in responses}) == 1
+    assert client.get("/v1/runs/run-1").json()["stats"]["plans"] == 1
+
+
+# -- results ------------------------------------------------------------------------
+def report(client, report_id, step, groups, run_id="run-1", **extra):
+    return client.post(
+        f"/v1/runs/{run_id}/results",
+        json={"report_id": report_id, "step": step, "results": [{"prompt_id": p, "rewards": r} for p, r in groups],
+              **extra},
+    )
+
+
+def test_report_and_stats(client):
+    make_run(client)
+    plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 4, "step": 0}).json()
+    groups = [(it["prompt_id"], [1, 0, 0, 1, 1, 0, 0, 0]) for it in plan["items"][:3]]
+    groups.append((plan["items"][3]["prompt_id"], [1] * 8))  # not informative
+    r = report(client, "rank0-step0", 0, groups, plan_id=plan["plan_id"])
+    assert r.status_code == 200 and r.json() == {"accepted": 4, "duplicate": False}
+    stats = client.get("/v1/runs/run-1").json()["stats"]
+    assert stats == {"prompts": 50, "steps": 1, "plans": 1, "results": 4, "rollouts": 32, "informative_rollouts": 24}
+    p = client.get(f"/v1/runs/run-1/prompts/{groups[0][0].replace('/', '%2F')}").json()
+    assert p["rollouts"] == 8 and p["mean_reward"] == pytest.approx(3 / 8) and p["last_step"] == 0
+    assert p["history"] == [{"report_id": "rank0-step0", "step": 0, "rewards": [1, 0, 0, 1, 1, 0, 0, 0]}]
+    # MoPPS update from Beta(1,1), λ = 0.5: α = 1 + 3, β = 1 + 5.
+    assert p["posterior"] == {"alpha": pytest.approx(4.0), "beta": pytest.approx(6.0)}
+    # Off-plan and plan-less reports are accepted; a later step counts as a step.
+    assert report(client, "late", 9, [("set/40", [0.5, 0.25])]).status_code == 200
+    stats = client.get("/v1/runs/run-1").json()["stats"]
+    assert stats["steps"] == 2 and stats["results"] == 5 and stats["informative_rollouts"] == 26
+
+
+def test_duplicate_report_counted_once(client):
+    make_run(client)
+    groups = [("set/1", [1, 0]), ("set/2", [1, 1])]
+    assert report(client, "r1", 0, groups).json() == {"accepted": 2, "duplicate": False}
+    assert report(client, "r1", 0, groups).json() == {"accepted": 2, "duplicate": True}
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 2
+    assert len(client.get("/v1/runs/run-1/prompts/set/1").json()["history"]) == 1
+    # Same id, different body: 409 and nothing stored.
+    assert_problem(report(client, "r1", 0, [("set/1", [0, 0])]), 409, "r1")
+    assert_problem(report(client, "r1", 1, groups), 409)
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 2
+
+
+@pytest.mark.parametrize(
+    "groups, needles",
+    [
+        ([("set/1", [1, 0]), ("ghost", [1])], ["results[1]", "ghost", "unknown prompt"]),
+        ([("set/1", [1, 0]), ("set/2", [2.0])], ["results[1]", "reward_range"]),
+        ([("set/1", [1, 0]), ("set/2", [-0.1])], ["results[1]", "reward_range"]),
+        ([("set/1", [1, 0]), ("set/2", [])], ["results[1].rewards"]),
+        ([("set/1", [1, 0]), ("set/2", ["x"])], ["results[1].rewards[0]"]),
+        ([("set/1", [1, 0]), ("set/2", [None])], ["results[1].rewards[0]"]),
+    ],
+)
+def test_invalid_item_rejects_whole_report(client, groups, needles):
+    make_run(client)
+    body = assert_problem(report(client, "bad", 0, groups), 422, *needles)
+    assert body["errors"]
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 0
+    assert client.get("/v1/runs/run-1/prompts/set/1").json()["history"] == []
+    # The report id was not used up by the failed attempt.
+    assert report(client, "bad", 0, [("set/1", [1, 0])]).status_code == 200
+
+
+def test_report_lists_every_bad_item(client):
+    make_run(client)
+    body = assert_problem(report(client, "bad", 0, [("ghost1", [1]), ("set/1", [1]), ("ghost2", [5])]), 422)
+    assert [e["loc"] for e in body["errors"]] == ["results[0]", "results[2]", "results[2]"]
+
+
+def test_non_finite_rewards_rejected(client):
+    make_run(client)
+    raw = '{"report_id": "n", "step": 0, "results": [{"prompt_id": "set/1", "rewards": [NaN]}]}'
+    r = client.post("/v1/runs/run-1/results", content=raw, headers={"content-type": "application/json"})
+    assert_problem(r, 422, "rewards")
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 0
+
+
+def test_report_field_errors(client):
+    make_run(client)
+    assert_problem(client.post("/v1/runs/run-1/results", json={"step": 0, "results": []}), 422, "report_id")
+    assert_problem(client.post("/v1/runs/run-1/results", json={"report_id": "a", "results": [{"prompt_id": "set/1", "rewards": [1]}]}), 422, "step")
+    assert_problem(report(client, "a", 0, [("set/1", [1])], plan_id="nope"), 422, "plan_id")
+    assert_problem(client.post("/v1/runs/run-1/results", content=b"{not json", headers={"content-type": "application/json"}), 422)
+
+
+def test_report_limits(make_client):
+    client = make_client(max_results_per_report=3, max_rewards_per_group=4)
+    make_run(client)
+    assert_problem(report(client, "a", 0, [(f"set/{i}", [1]) for i in range(4)]), 413, "split")
+    assert_problem(report(client, "a", 0, [("set/1", [1] * 5)]), 413, "results[0].rewards")
+
+
+def test_custom_reward_range(client):
+    make_run(client, reward_range=[-1, 1])
+    assert report(client, "a", 0, [("set/1", [-1, 1, 1, 1])]).status_code == 200
+    p = client.get("/v1/runs/run-1/prompts/set/1").json()
+    # Rewards map onto [0, 1] as fractional successes: 3 successes of 4.
+    assert p["posterior"] == {"alpha": pytest.approx(4.0), "beta": pytest.approx(2.0)}
+    assert p["mean_reward"] == pytest.approx(0.5)
+
+
+def test_concurrent_reporters_exact_counts(client):
+    make_run(client, n_prompts=64)
+    errors = []
+
+    def rank(k):
+        try:
+            for step in range(5):
+                groups = [(f"set/{(k * 8 + j) % 64}", [1, 0, 1, 1]) for j in range(8)]
+                r = report(client, f"rank{k}-step{step}", step, groups)
+                assert r.status_code == 200, r.text
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    stats = client.get("/v1/runs/run-1").json()["stats"]
+    assert stats["results"] == 8 * 5 * 8 and stats["rollouts"] == 8 * 5 * 8 * 4 and stats["steps"] == 5
+    prompts = client.get("/v1/runs/run-1/prompts", params={"limit": 100}).json()["items"]
+    assert sum(p["rollouts"] for p in prompts) == 8 * 5 * 8 * 4
+    assert all(p["groups"] == 5 for p in prompts)
+
+
+def test_state_rebuilt_from_log_equals_live_state(make_client):
+    c1 = make_client()
+    make_run(c1, n_prompts=20)
+    for step in range(4):
+        plan = c1.post("/v1/runs/run-1/plans", json={"batch_size": 6, "step": step}).json()
+        groups = [(it["prompt_id"], [float((step + j) % 3 == 0), 1.0, 0.0, float(j % 2)]) for j, it in enumerate(plan["items"])]
+        groups.append((plan["items"][0]["prompt_id"], [1.0, 1.0]))  # the same prompt twice in a report
+        assert report(c1, f"s{step}", step, groups).status_code == 200
+    live = c1.get("/v1/runs/run-1/prompts", params={"limit": 100}).json()["items"]
+    c1.__exit__(None, None, None)
+    c2 = make_client()
+    rebuilt = c2.get("/v1/runs/run-1/prompts", params={"limit": 100}).json()["items"]
+    assert rebuilt == live
+    nxt = c2.post("/v1/runs/run-1/plans", json={"batch_size": 6, "step": 4}).json()
+    assert len(nxt["items"]) == 6
+
+
+# -- auth and operations ------------------------------------------------------------
+def test_api_keys(make_client):
+    key = "k" * 32
+    client = make_client(api_keys=[key, "second-key-0123456789"])
+    assert_problem(client.put("/v1/runs/r", json={}), 401, "API key")
+    assert client.put("/v1/runs/r", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.put("/v1/runs/r", json={}, headers={"Authorization": f"Bearer {key}"}).status_code == 201
+    assert client.get("/v1/runs/r", headers={"Authorization": "Bearer second-key-0123456789"}).status_code == 200
+    assert client.get("/healthz").status_code == 200  # operations stay open
+
+
+def test_no_auth_when_no_keys(client):
+    assert client.put("/v1/runs/r", json={}).status_code == 201
+
+
+def test_operations(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    client.get("/v1/runs")
+    text = client.get("/metrics").text
+    assert 'rollplan_http_requests_total{method="GET",route="/v1/runs",status="200"}' in text
+    spec = client.get("/openapi.json").json()
+    for path in ["/v1/runs/{run_id}", "/v1/runs", "/v1/runs/{run_id}/prompts", "/v1/runs/{run_id}/plans",
+                 "/v1/runs/{run_id}/results", "/v1/runs/{run_id}/prompts/{prompt_id}"]:
+        assert path in spec["paths"], path
+    assert client.get("/docs").status_code == 200
+    names = [s["name"] for s in client.get("/v1/strategies").json()]
+    assert {"uniform", "default", "beta"} <= set(names)
+    assert_problem(client.get("/nowhere"), 404)
