@@ -1,0 +1,197 @@
+"""The scheduling core, without I/O: estimators against references, and one
+conformance suite run over every registered strategy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from rollplan.service.scheduling import allocation
+from rollplan.service.scheduling import strategies as strat
+from rollplan.service.scheduling.beta import BetaPosterior
+from rollplan.service.scheduling.pool import Observations, PoolState
+from rollplan.service.scheduling.util import occurrence_rank
+
+
+def obs(ordinals, n, successes, step=0):
+    ordinals = np.asarray(ordinals, np.int64)
+    n = np.broadcast_to(np.asarray(n, np.int64), ordinals.shape).copy()
+    successes = np.asarray(successes, np.float64)
+    return Observations(ordinals, n, successes, np.full(ordinals.shape, step, np.int64),
+                        (successes > 0) & (successes < n))
+
+
+def make_pool(size, forgetting=0.5, prior=None):
+    pool = PoolState(forgetting=forgetting)
+    pool.set_prompts(np.arange(size), np.zeros(size, np.int32),
+                     np.full(size, np.nan) if prior is None else np.asarray(prior, float))
+    return pool
+
+
+# -- Beta posterior ---------------------------------------------------------------
+def mopps_reference(groups, lam, a0=1.0, b0=1.0):
+    """The published MoPPS update, one group at a time."""
+    a, b = a0, b0
+    for n, s in groups:
+        a = lam * a + (1 - lam) * a0 + s
+        b = lam * b + (1 - lam) * b0 + (n - s)
+    return a, b
+
+
+@given(
+    groups=st.lists(st.tuples(st.integers(1, 16), st.floats(0, 1)), min_size=1, max_size=20),
+    lam=st.floats(0.05, 1.0),
+)
+@settings(max_examples=200, deadline=None)
+def test_beta_matches_published_update(groups, lam):
+    pool = make_pool(3, forgetting=lam)
+    for n, frac in groups:
+        pool.observe(obs([1], [n], [frac * n]))
+    a, b = pool.posterior(np.array([1]))
+    ra, rb = mopps_reference([(n, frac * n) for n, frac in groups], lam)
+    assert a[0] == pytest.approx(ra) and b[0] == pytest.approx(rb)
+    # Untouched prompts keep the uniform prior.
+    a, b = pool.posterior(np.array([0, 2]))
+    assert np.all(a == 1) and np.all(b == 1)
+
+
+def test_beta_posterior_against_scipy():
+    pool = make_pool(2, forgetting=1.0)  # no forgetting: the plain conjugate update
+    pool.observe(obs([0, 0, 1], [8, 8, 4], [3, 5, 0]))
+    a, b = pool.posterior(np.array([0, 1]))
+    # Conjugate Beta(1,1) + 8 successes / 8 failures; Beta(1,1) + 0 / 4.
+    for (aa, bb), (k, n) in zip(zip(a, b), [(8, 16), (0, 4)]):
+        ref = stats.beta(1 + k, 1 + n - k)
+        assert aa / (aa + bb) == pytest.approx(ref.mean())
+        assert stats.beta(aa, bb).var() == pytest.approx(ref.var())
+    assert pool.predicted_pass_rate(np.array([0]))[0] == pytest.approx(stats.beta(9, 9).mean())
+
+
+def test_prior_pass_rate_is_prior_mean():
+    pool = make_pool(2, prior=[0.2, np.nan])
+    a, b = pool.posterior(np.array([0, 1]))
+    assert a[0] / (a[0] + b[0]) == pytest.approx(0.2) and a[0] + b[0] == pytest.approx(2.0)
+    assert a[1] == b[1] == 1.0
+
+
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=40))
+def test_occurrence_rank(ordinals):
+    o = np.asarray(ordinals, np.int64)
+    rank = occurrence_rank(o)
+    expected = [ordinals[:i].count(x) for i, x in enumerate(ordinals)]
+    assert rank.tolist() == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 8), st.floats(0, 1)), min_size=1, max_size=30))
+@settings(max_examples=100, deadline=None)
+def test_batch_update_equals_sequential(groups):
+    """A report with repeated prompts gives the same state as one group at a time."""
+    batch, single = make_pool(5), make_pool(5)
+    o = [g[0] for g in groups]
+    n = [g[1] for g in groups]
+    s = [g[1] * g[2] for g in groups]
+    batch.observe(obs(o, n, s))
+    for oi, ni, si in zip(o, n, s):
+        single.observe(obs([oi], [ni], [si]))
+    for name in ("rollouts", "groups", "reward_sum"):
+        np.testing.assert_allclose(getattr(batch, name), getattr(single, name))
+    np.testing.assert_allclose(np.stack(batch.posterior()), np.stack(single.posterior()))
+
+
+def test_forgetting_out_of_range():
+    with pytest.raises(ValueError):
+        BetaPosterior(0.0)
+
+
+# -- allocation -------------------------------------------------------------------
+@given(st.integers(1, 50), st.integers(1, 8), st.integers(0, 20), st.integers(0, 400))
+def test_equal_allocation(b, lo, span, budget):
+    hi = lo + span
+    why = allocation.check_budget(b, budget, lo, hi)
+    if why is not None:
+        assert budget < b * lo or budget > b * hi
+        return
+    r = allocation.equal(b, budget, lo, hi)
+    assert r.sum() == budget and r.min() >= lo and r.max() <= hi and r.max() - r.min() <= 1
+
+
+# -- conformance over every registered strategy -----------------------------------
+STRATEGIES = sorted(strat.REGISTRY)
+
+
+def _plan(name, pool, b, budget, step=3, lo=1, hi=64, run="run"):
+    s = strat.build(name, {})
+    req = strat.PlanRequest(b, budget, lo, hi, step)
+    return s.plan(pool, req, strat.plan_rng(run, step, name))
+
+
+def _check(d, pool, b, budget, lo, hi):
+    assert d.ordinals.shape == (b,) and d.rollouts.shape == (b,) and d.predicted_pass_rate.shape == (b,)
+    assert len(np.unique(d.ordinals)) == b
+    assert d.ordinals.min() >= 0 and d.ordinals.max() < pool.size
+    assert d.rollouts.sum() == budget and d.rollouts.min() >= lo and d.rollouts.max() <= hi
+    assert np.all(np.isfinite(d.predicted_pass_rate))
+    assert np.all((d.predicted_pass_rate >= 0) & (d.predicted_pass_rate <= 1))
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_same_seed_same_plan(name):
+    pool = make_pool(500)
+    rng = np.random.default_rng(0)
+    o = rng.integers(0, 500, 300)
+    pool.observe(obs(o, 8, rng.integers(0, 9, 300)))
+    a = _plan(name, pool, 32, 256)
+    b = _plan(name, pool, 32, 256)
+    np.testing.assert_array_equal(a.ordinals, b.ordinals)
+    np.testing.assert_array_equal(a.rollouts, b.rollouts)
+    c = _plan(name, pool, 32, 256, step=4)
+    assert not np.array_equal(a.ordinals, c.ordinals)  # a different step draws differently
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize(
+    "case",
+    ["one_prompt", "new_prompts", "all_solved", "all_failed", "mixed"],
+)
+def test_conformance(name, case):
+    size = 1 if case == "one_prompt" else 300
+    pool = make_pool(size)
+    if case == "all_solved":
+        pool.observe(obs(np.arange(size), 8, np.full(size, 8.0)))
+    elif case == "all_failed":
+        pool.observe(obs(np.arange(size), 8, np.zeros(size)))
+    elif case == "mixed":
+        rng = np.random.default_rng(1)
+        pool.observe(obs(np.arange(size), 8, rng.integers(0, 9, size).astype(float)))
+    b = 1 if case == "one_prompt" else 40
+    for budget, lo, hi in [(b * 8, 1, 64), (b * 8 + b // 2, 2, 16), (b * 2, 2, 2)]:
+        _check(_plan(name, pool, b, budget, lo=lo, hi=hi), pool, b, budget, lo, hi)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_million_prompt_pool(name):
+    size = 1_000_000
+    pool = make_pool(size)
+    rng = np.random.default_rng(2)
+    o = rng.integers(0, size, 20_000)
+    pool.observe(obs(o, 16, rng.integers(0, 17, o.size).astype(float)))
+    d = _plan(name, pool, 1024, 8192)
+    _check(d, pool, 1024, 8192, 1, 64)
+
+
+def test_beta_prefers_informative_prompts():
+    """Against known pass rates, default picks far more prompts near p = 0.5 than uniform."""
+    size = 2000
+    pool = make_pool(size, forgetting=1.0)
+    p = np.linspace(0, 1, size)
+    rng = np.random.default_rng(3)
+    # 64 rollouts of history for each prompt.
+    pool.observe(obs(np.arange(size), 64, rng.binomial(64, p).astype(float)))
+    picked_default = p[_plan("default", pool, 100, 800).ordinals]
+    picked_uniform = p[_plan("uniform", pool, 100, 800).ordinals]
+    informative = lambda q: np.mean(1 - q**8 - (1 - q) ** 8)  # noqa: E731
+    assert informative(picked_default) > 0.95
+    assert informative(picked_default) > informative(picked_uniform) + 0.1
