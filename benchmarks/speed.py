@@ -1,0 +1,261 @@
+"""Service speed: plan latency against pool size and reward ingestion rate, on
+SQLite and PostgreSQL, through a real ``rollplan serve`` process over HTTP.
+
+    python -m rollplan.benchmarks.speed [--smoke] [--out DIR] [--pools 10000,100000]
+
+Prints markdown tables and writes ``speed.json`` to ``--out``. Floors measured
+in the same run sit next to each figure: one ``numpy.argpartition`` over the
+pool (the least any top-k plan must do) and raw psycopg ``COPY`` of the same
+reward rows into the same PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+PG_ADMIN = os.environ.get("ROLLPLAN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def pg_database():
+    import psycopg
+
+    admin = PG_ADMIN.replace("postgresql+psycopg://", "postgresql://")
+    name = f"rollplan_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def server(database_url: str, workdir: Path):
+    port = _free_port()
+    env = {**os.environ, "ROLLPLAN_DATABASE_URL": database_url}
+    log = open(workdir / f"server-{port}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError((workdir / f"server-{port}.log").read_text())
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def argpartition_floor(n: int, k: int, repeats: int) -> float:
+    x = np.random.default_rng(0).random(n)
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.argpartition(x, k)
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def register(c: httpx.Client, run: str, pool: int, strategy: str = "default") -> None:
+    c.put(f"/v1/runs/{run}", json={"strategy": {"name": strategy}, "rollouts_per_prompt": 16}).raise_for_status()
+    chunk = 50_000
+    for lo in range(0, pool, chunk):
+        prompts = [{"id": f"p/{i}", "domain": f"d{i % 8}"} for i in range(lo, min(pool, lo + chunk))]
+        c.post(f"/v1/runs/{run}/prompts", json={"prompts": prompts}).raise_for_status()
+
+
+def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, strategy: str) -> dict:
+    run = f"plan-{strategy}-{pool}"
+    with httpx.Client(base_url=url, timeout=300) as c:
+        register(c, run, pool, strategy)
+        # Some history so the estimator is not all-prior: one report of 512 groups.
+        rng = np.random.default_rng(1)
+        groups = [{"prompt_id": f"p/{i}", "rewards": rng.integers(0, 2, 16).tolist()}
+                  for i in rng.choice(pool, min(pool, 512), replace=False)]
+        c.post(f"/v1/runs/{run}/results", json={"report_id": "warm", "step": 0, "results": groups}).raise_for_status()
+        c.post(f"/v1/runs/{run}/plans", json={"batch_size": batch, "rollout_budget": budget, "step": 1}).raise_for_status()
+        new, again = [], []
+        for step in range(2, 2 + repeats):
+            t = time.perf_counter()
+            r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": batch, "rollout_budget": budget, "step": step})
+            new.append(time.perf_counter() - t)
+            assert r.status_code == 201, r.text
+            t = time.perf_counter()
+            r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": batch, "rollout_budget": budget, "step": step})
+            again.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.text
+    return {"new_plan_p50_s": statistics.median(new), "new_plan_p90_s": float(np.quantile(new, 0.9)),
+            "stored_plan_p50_s": statistics.median(again)}
+
+
+def _report_body(k: int, i: int, groups: int, rewards: int, pool: int) -> dict:
+    rng = np.random.default_rng(k * 100_003 + i)
+    ids = rng.choice(pool, groups, replace=False)
+    return {"report_id": f"c{k}-r{i}", "step": i,
+            "results": [{"prompt_id": f"p/{j}", "rewards": rng.integers(0, 2, rewards).tolist()} for j in ids]}
+
+
+def bench_ingest(url: str, clients: int, reports_each: int, groups: int, rewards: int, pool: int) -> dict:
+    run = f"ingest-{clients}"
+    with httpx.Client(base_url=url, timeout=300) as c:
+        register(c, run, pool)
+    bodies = [[_report_body(k, i, groups, rewards, pool) for i in range(reports_each)] for k in range(clients)]
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            for body in bodies[k]:
+                t = time.perf_counter()
+                r = c.post(f"/v1/runs/{run}/results", json=body)
+                dt = time.perf_counter() - t
+                assert r.status_code == 200 and not r.json()["duplicate"], r.text
+                with lock:
+                    lat.append(dt)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    total = clients * reports_each * groups * rewards
+    return {"clients": clients, "reports": clients * reports_each, "rewards": total, "wall_s": wall,
+            "rewards_per_s": total / wall, "report_p50_s": statistics.median(lat),
+            "report_p99_s": float(np.quantile(lat, 0.99))}
+
+
+def raw_copy_rate(pg_url: str, reports: int, groups: int, rewards: int) -> float:
+    """psycopg COPY of the same rows into a results table of the same shape, one
+    transaction per report: the floor for ingestion on PostgreSQL."""
+    import psycopg
+
+    rng = np.random.default_rng(5)
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("CREATE TEMP TABLE raw_results (LIKE results INCLUDING ALL)")
+        conn.commit()
+        t0 = time.perf_counter()
+        for r in range(reports):
+            rows = rng.integers(0, 2, (groups, rewards))
+            lines = "".join(
+                f"1\t{r}\t{i}\t{i}\t{r}\t{rewards}\t{float(row.sum())!r}\t{'t' if 0 < row.sum() < rewards else 'f'}\t"
+                f"{json.dumps([float(x) for x in row])}\n"
+                for i, row in enumerate(rows)
+            )
+            with conn.cursor() as cur, cur.copy(
+                "COPY raw_results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, informative, "
+                "rewards) FROM STDIN"
+            ) as cp:
+                cp.write(lines)
+            conn.commit()
+        wall = time.perf_counter() - t0
+    return reports * groups * rewards / wall
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    ap.add_argument("--out", default="benchmarks/out/speed")
+    ap.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000)")
+    ap.add_argument("--databases", default="sqlite,postgres")
+    args = ap.parse_args(argv)
+
+    pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000])
+    repeats = 3 if args.smoke else 15
+    batch, budget = (64, 512) if args.smoke else (1024, 8192)
+    groups, rewards = 512, 16
+    reports_each = 2 if args.smoke else 12
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "config": {"batch": batch, "budget": budget, "groups": groups, "rewards": rewards, "smoke": args.smoke},
+        "plans": [], "ingest": [], "copy_floor": {},
+    }
+    for db in args.databases.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmpdir = Path(tmp)
+            ctx = pg_database() if db == "postgres" else _sqlite_url(tmpdir)
+            with ctx as db_url, server(db_url, tmpdir) as url:
+                for pool in pools:
+                    for strategy in ("default", "uniform"):
+                        row = bench_plans(url, pool, min(batch, pool), budget, repeats, strategy)
+                        row.update(db=db, pool=pool, strategy=strategy,
+                                   argpartition_floor_s=argpartition_floor(pool, min(batch, pool) - 1, 20))
+                        results["plans"].append(row)
+                        print(f"plan {db:8s} pool={pool:>8d} {strategy:8s} new p50 {row['new_plan_p50_s']*1e3:8.2f} ms"
+                              f"  stored p50 {row['stored_plan_p50_s']*1e3:7.2f} ms"
+                              f"  argpartition {row['argpartition_floor_s']*1e3:6.2f} ms", flush=True)
+                for clients in (1, 4):
+                    row = bench_ingest(url, clients, reports_each, groups, rewards, 20_000)
+                    row["db"] = db
+                    results["ingest"].append(row)
+                    print(f"ingest {db:8s} clients={clients} {row['rewards_per_s']:>12,.0f} rewards/s "
+                          f"p50 {row['report_p50_s']*1e3:.1f} ms p99 {row['report_p99_s']*1e3:.1f} ms", flush=True)
+                if db == "postgres":
+                    rate = raw_copy_rate(db_url, clients * reports_each, groups, rewards)
+                    results["copy_floor"]["postgres_rewards_per_s"] = rate
+                    print(f"raw COPY postgres {rate:>12,.0f} rewards/s", flush=True)
+
+    _print_tables(results)
+    (out / "speed.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out / 'speed.json'}")
+    return results
+
+
+@contextmanager
+def _sqlite_url(tmpdir: Path):
+    yield f"sqlite:///{tmpdir / 'bench.db'}"
+
+
+def _print_tables(res: dict) -> None:
+    print("\n| db | pool | strategy | new plan p50 (ms) | stored plan p50 (ms) | argpartition floor (ms) |")
+    print("|---|---:|---|---:|---:|---:|")
+    for r in res["plans"]:
+        print(f"| {r['db']} | {r['pool']:,} | {r['strategy']} | {r['new_plan_p50_s']*1e3:.2f} | "
+              f"{r['stored_plan_p50_s']*1e3:.2f} | {r['argpartition_floor_s']*1e3:.2f} |")
+    print("\n| db | clients | rewards/s | report p50 (ms) | report p99 (ms) |")
+    print("|---|---:|---:|---:|---:|")
+    for r in res["ingest"]:
+        print(f"| {r['db']} | {r['clients']} | {r['rewards_per_s']:,.0f} | {r['report_p50_s']*1e3:.1f} | "
+              f"{r['report_p99_s']*1e3:.1f} |")
+    if res["copy_floor"]:
+        print(f"\nraw psycopg COPY into PostgreSQL, same rows: {res['copy_floor']['postgres_rewards_per_s']:,.0f} rewards/s")
+
+
+if __name__ == "__main__":
+    main()
