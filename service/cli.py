@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 import sys
 
+try:
+    import typer
+except ImportError:  # the light client install has no CLI
+    typer = None
+
 
 def main() -> None:
-    try:
-        import typer  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
+    if typer is None:
         sys.exit("rollplan: the server is not installed; pip install 'rollplan[server]'")
     _app()()
 
 
 def _app():
-    import typer
-
     app = typer.Typer(help="Rollplan: curriculum and rollout-budget scheduling for RL post-training.",
                       no_args_is_help=True, add_completion=False)
 
@@ -61,7 +61,22 @@ def _app():
         (migrate.downgrade if down else migrate.upgrade)(url, revision)
         typer.echo(f"database at revision {migrate.current(url)}")
 
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def bench(
+        ctx: typer.Context,
+        which: str = typer.Argument(..., help="Which benchmark: speed."),
+    ) -> None:
+        """Run a benchmark; the remaining options go to it (e.g. --smoke, --out DIR)."""
+        import importlib
+
+        if which not in BENCHMARKS:
+            raise typer.BadParameter(f"unknown benchmark {which!r}; known: {', '.join(BENCHMARKS)}", param_hint="WHICH")
+        importlib.import_module(BENCHMARKS[which]).main(list(ctx.args))
+
     return app
+
+
+BENCHMARKS = {"speed": "rollplan.benchmarks.speed"}
 
 
 if __name__ == "__main__":
