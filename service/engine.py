@@ -38,6 +38,15 @@ from .storage.db import write_session
 from .storage.models import Plan, PlanItem, Prompt, Report, Result, Run, RunStep
 
 
+def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Mean |advantage| of each group with std-normalised (GRPO) advantages; 0 when all equal."""
+    mu = sums / lengths
+    dev = flat - np.repeat(mu, lengths)
+    mad = np.add.reduceat(np.abs(dev), starts) / lengths
+    sd = np.sqrt(np.add.reduceat(dev * dev, starts) / lengths)
+    return np.where(sd > 1e-12, mad / np.where(sd > 1e-12, sd, 1.0), 0.0)
+
+
 def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
     """The run's settings as stored, strategy parameters filled with their defaults."""
     try:
@@ -82,7 +91,9 @@ class RunContext:
         return float(lo), float(hi)
 
     # -- prompts ------------------------------------------------------------------
-    def apply_prompts(self, ordinals: list[int], ids: list[str], domains: list, priors: list) -> None:
+    def apply_prompts(
+        self, ordinals: list[int], ids: list[str], domains: list, priors: list, strengths: list | None = None
+    ) -> None:
         for o, pid in zip(ordinals, ids):
             if o == len(self.ids):
                 self.ids.append(pid)
@@ -95,7 +106,8 @@ class RunContext:
             count=len(domains),
         )
         prior = np.array([np.nan if p is None else p for p in priors], dtype=np.float64)
-        self.pool.set_prompts(np.asarray(ordinals, dtype=np.int64), codes, prior)
+        strength = None if strengths is None else np.array([np.nan if p is None else p for p in strengths], np.float64)
+        self.pool.set_prompts(np.asarray(ordinals, dtype=np.int64), codes, prior, strength)
 
     def lookup(self, prompt_ids: list[str]) -> np.ndarray:
         """Ordinals of the ids, -1 for an unknown id."""
@@ -103,7 +115,7 @@ class RunContext:
         return np.fromiter((idx.get(p, -1) for p in prompt_ids), dtype=np.int64, count=len(prompt_ids))
 
     # -- results ------------------------------------------------------------------
-    def observations(self, ordinals, n, reward_sum, step, informative) -> Observations:
+    def observations(self, ordinals, n, reward_sum, step, informative, abs_adv, staleness) -> Observations:
         lo, hi = self.reward_range
         n = np.asarray(n, dtype=np.int64)
         successes = (np.asarray(reward_sum, dtype=np.float64) - n * lo) / (hi - lo)
@@ -113,6 +125,8 @@ class RunContext:
             successes=np.clip(successes, 0.0, n.astype(np.float64)),
             step=np.asarray(step, dtype=np.int64),
             informative=np.asarray(informative, dtype=bool),
+            abs_adv=np.asarray(abs_adv, dtype=np.float64),
+            staleness=np.asarray(staleness, dtype=np.int64),
         )
 
 
@@ -141,7 +155,7 @@ class Engine:
                     run_id=run.id,
                     settings=run.settings,
                     strategy=strategy,
-                    pool=PoolState(**strategy.pool_options()),
+                    pool=strategy.make_pool(),
                 )
                 self._contexts[run.id] = ctx
         with ctx.lock:
@@ -154,24 +168,37 @@ class Engine:
         # before it, so the later prompt read covers every ordinal it names.
         res = session.execute(
             select(
-                Result.report_seq, Result.prompt_ordinal, Result.n, Result.reward_sum, Result.step, Result.informative
+                Result.report_seq,
+                Result.prompt_ordinal,
+                Result.n,
+                Result.reward_sum,
+                Result.step,
+                Result.informative,
+                Result.abs_adv,
+                Result.staleness,
             )
             .where(Result.run_pk == ctx.run_pk, Result.report_seq > ctx.report_seq)
             .order_by(Result.report_seq, Result.position)
         ).all()
         prompts = session.execute(
-            select(Prompt.ordinal, Prompt.id, Prompt.domain, Prompt.prior_pass_rate, Prompt.version)
+            select(
+                Prompt.ordinal, Prompt.id, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength, Prompt.version
+            )
             .where(Prompt.run_pk == ctx.run_pk, Prompt.version > ctx.prompt_version)
             .order_by(Prompt.ordinal)
         ).all()
         if prompts:
             cols = list(zip(*prompts))
-            ctx.apply_prompts(list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]))
-            ctx.prompt_version = max(ctx.prompt_version, int(max(cols[4])))
+            ctx.apply_prompts(*(list(c) for c in cols[:5]))
+            ctx.prompt_version = max(ctx.prompt_version, int(max(cols[5])))
         if res:
-            cols = list(zip(*res))
-            ctx.pool.observe(ctx.observations(cols[1], cols[2], cols[3], cols[4], cols[5]))
-            ctx.report_seq = int(cols[0][-1])
+            # One observe per report, exactly as when the reports were live.
+            seqs = np.fromiter((r[0] for r in res), dtype=np.int64, count=len(res))
+            cols = [np.asarray(c) for c in zip(*res)]
+            bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, len(res)]
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                ctx.pool.observe(ctx.observations(*(c[a:b] for c in cols[1:])))
+            ctx.report_seq = int(seqs[-1])
 
     def forget(self, run_id: str) -> None:
         with self._lock:
@@ -377,6 +404,7 @@ class Engine:
         sums = np.add.reduceat(flat, starts)
         gmax = np.maximum.reduceat(flat, starts)
         gmin = np.minimum.reduceat(flat, starts)
+        abs_adv = group_abs_advantage(flat, starts, lengths, sums)
         body_hash = hashlib.sha256(
             json.dumps(
                 [body.step, body.plan_id, [[g.prompt_id, g.rewards] for g in groups]], separators=(",", ":")
@@ -416,6 +444,8 @@ class Engine:
                     )
             seq = run.report_seq + 1
             informative = gmax != gmin
+            run_step = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_pk == run.pk))
+            staleness = max(0, (run_step if run_step is not None else body.step) - body.step)
             s.add(
                 Report(
                     run_pk=run.pk,
@@ -428,7 +458,9 @@ class Engine:
                 )
             )
             s.flush()
-            self._insert_results(s, run.pk, seq, body.step, ordinals, lengths, sums, informative, groups)
+            self._insert_results(
+                s, run.pk, seq, body.step, staleness, ordinals, lengths, sums, informative, abs_adv, groups
+            )
             self._mark_step(s, run.pk, body.step)
             run.report_seq = seq
             run.n_results += len(groups)
@@ -438,43 +470,37 @@ class Engine:
         # next read refreshes from the log.
         with ctx.lock:
             if ctx.report_seq == seq - 1:
-                steps = np.full(len(groups), body.step, dtype=np.int64)
-                ctx.pool.observe(ctx.observations(ordinals, lengths, sums, steps, informative))
+                k = len(groups)
+                steps = np.full(k, body.step, dtype=np.int64)
+                stale = np.full(k, staleness, dtype=np.int64)
+                ctx.pool.observe(ctx.observations(ordinals, lengths, sums, steps, informative, abs_adv, stale))
                 ctx.report_seq = seq
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)
 
     @staticmethod
-    def _insert_results(s, run_pk, seq, step, ordinals, lengths, sums, informative, groups) -> None:
+    def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, groups) -> None:
         """One bulk write: COPY on PostgreSQL, one executemany on SQLite."""
-        cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist())
+        cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist())
         if s.get_bind().dialect.name == "postgresql":
             lines = [
-                f"{run_pk}\t{seq}\t{i}\t{o}\t{step}\t{n}\t{r!r}\t{'t' if inf else 'f'}\t{json.dumps(g.rewards)}\n"
-                for i, ((o, n, r, inf), g) in enumerate(zip(cols, groups))
+                f"{run_pk}\t{seq}\t{i}\t{o}\t{step}\t{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}\t{staleness}\t"
+                f"{json.dumps(g.rewards)}\n"
+                for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
             ]
             dbapi = s.connection().connection.dbapi_connection
             with dbapi.cursor() as cur:
                 with cur.copy(
                     "COPY results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, "
-                    "informative, rewards) FROM STDIN"
+                    "informative, abs_adv, staleness, rewards) FROM STDIN"
                 ) as cp:
                     cp.write("".join(lines))
             return
-        s.execute(
-            insert(Result),
+        s.connection().exec_driver_sql(
+            "INSERT INTO results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, informative, "
+            "abs_adv, staleness, rewards) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                {
-                    "run_pk": run_pk,
-                    "report_seq": seq,
-                    "position": i,
-                    "prompt_ordinal": o,
-                    "step": step,
-                    "n": n,
-                    "reward_sum": r,
-                    "informative": inf,
-                    "rewards": g.rewards,
-                }
-                for i, ((o, n, r, inf), g) in enumerate(zip(cols, groups))
+                (run_pk, seq, i, o, step, n, r, inf, aa, staleness, json.dumps(g.rewards))
+                for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
             ],
         )
 

@@ -416,3 +416,12 @@ def test_operations(client):
     names = [s["name"] for s in client.get("/v1/strategies").json()]
     assert {"uniform", "default", "beta"} <= set(names)
     assert_problem(client.get("/nowhere"), 404)
+
+
+def test_late_report_is_used_down_weighted(client):
+    make_run(client, strategy={"name": "beta", "params": {"forgetting": 1.0}})
+    client.post("/v1/runs/run-1/plans", json={"batch_size": 2, "step": 5})
+    assert report(client, "late", 2, [("set/1", [1, 1, 1, 1])]).status_code == 200
+    p = client.get("/v1/runs/run-1/prompts/set/1").json()
+    assert p["rollouts"] == 4  # counted in full
+    assert p["posterior"]["alpha"] == pytest.approx(1 + 4 * 0.8**3)  # 3 steps stale

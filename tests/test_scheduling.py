@@ -20,8 +20,10 @@ def obs(ordinals, n, successes, step=0):
     ordinals = np.asarray(ordinals, np.int64)
     n = np.broadcast_to(np.asarray(n, np.int64), ordinals.shape).copy()
     successes = np.asarray(successes, np.float64)
+    p = successes / n
     return Observations(ordinals, n, successes, np.full(ordinals.shape, step, np.int64),
-                        (successes > 0) & (successes < n))
+                        (successes > 0) & (successes < n), 2 * np.sqrt(p * (1 - p)),
+                        np.zeros(ordinals.shape, np.int64))
 
 
 def make_pool(size, forgetting=0.5, prior=None):
@@ -195,3 +197,68 @@ def test_beta_prefers_informative_prompts():
     informative = lambda q: np.mean(1 - q**8 - (1 - q) ** 8)  # noqa: E731
     assert informative(picked_default) > 0.95
     assert informative(picked_default) > informative(picked_uniform) + 0.1
+
+
+# -- hierarchical prior, staleness, group statistics ------------------------------
+def test_domain_empirical_bayes_prior():
+    size = 60
+    pool = PoolState(forgetting=1.0, hierarchical=True)
+    dom = np.repeat([0, 1, 2], 20).astype(np.int32)
+    pool.set_prompts(np.arange(size), dom, np.full(size, np.nan))
+    rng = np.random.default_rng(0)
+    # Domain 0: easy (p≈0.9), domain 1: hard (p≈0.1); observe 15 of each; domain 2 unobserved.
+    seen = np.r_[np.arange(15), np.arange(20, 35)]
+    p_true = np.where(seen < 20, 0.9, 0.1)
+    pool.observe(obs(seen, 16, rng.binomial(16, p_true).astype(float)))
+    pred = pool.predicted_pass_rate(np.array([16, 36, 50]))  # unseen prompts of domains 0, 1, 2
+    assert pred[0] > 0.8 and pred[1] < 0.2
+    assert 0.35 < pred[2] < 0.65  # falls back to the whole pool's mean
+    # A client prior still wins over the domain prior.
+    pool.set_prompts(np.array([17]), np.array([0], np.int32), np.array([0.2]))
+    assert pool.predicted_pass_rate(np.array([17]))[0] == pytest.approx(0.2)
+    # Without the hierarchy, unseen prompts stay at 0.5.
+    flat = PoolState(forgetting=1.0)
+    flat.set_prompts(np.arange(size), dom, np.full(size, np.nan))
+    flat.observe(obs(seen, 16, rng.binomial(16, p_true).astype(float)))
+    assert flat.predicted_pass_rate(np.array([16]))[0] == 0.5
+
+
+def test_domain_moments_incremental_equal_recomputed():
+    pool = PoolState(forgetting=0.7, hierarchical=True)
+    dom = (np.arange(100) % 4).astype(np.int32)
+    pool.set_prompts(np.arange(100), dom, np.full(100, np.nan))
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        o = rng.integers(0, 100, 64)
+        pool.observe(obs(o, 8, rng.integers(0, 9, 64).astype(float)))
+    # Move some prompts to another domain.
+    pool.set_prompts(np.arange(10), np.full(10, 3, np.int32), np.full(10, np.nan))
+    fresh = np.zeros_like(pool._dom[: pool.n_domains])
+    np.add.at(fresh, pool.domain, pool._contrib(np.arange(100)))
+    np.testing.assert_allclose(pool._dom[: pool.n_domains], fresh, atol=1e-9)
+
+
+def test_stale_reports_are_down_weighted():
+    pool = make_pool(2, forgetting=1.0)
+    o = obs([0, 1], 8, [8.0, 8.0])
+    stale = Observations(o.ordinals, o.n, o.successes, o.step, o.informative, o.abs_adv, np.array([0, 3]))
+    pool.observe(stale)
+    a, b = pool.posterior(np.array([0, 1]))
+    assert a[0] == pytest.approx(9.0)
+    assert a[1] == pytest.approx(1 + 8 * 0.8**3)
+    assert pool.rollouts.tolist() == [8, 8]  # the counts are not weighted
+
+
+def test_group_abs_advantage():
+    from rollplan.service.engine import group_abs_advantage
+
+    groups = [[1, 0, 0, 0], [1, 1, 1, 1], [0.5, 0.0, 1.0], [1, 0]]
+    lengths = np.array([len(g) for g in groups])
+    flat = np.concatenate([np.asarray(g, float) for g in groups])
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    got = group_abs_advantage(flat, starts, lengths, np.add.reduceat(flat, starts))
+    for g, v in zip(groups, got):
+        g = np.asarray(g, float)
+        ref = 0.0 if g.std() == 0 else np.mean(np.abs((g - g.mean()) / g.std()))
+        assert v == pytest.approx(ref)
+    assert got[0] == pytest.approx(2 * np.sqrt(0.25 * 0.75))  # binary: 2√(p(1−p))

@@ -37,14 +37,16 @@ class BetaPosterior:
 
     def update(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
         """Apply groups in order; repeated ordinals are applied one after another."""
-        lam = self.forgetting
-        fail = n - successes
         rank = occurrence_rank(ordinals)
         for r in range(int(rank.max()) + 1 if rank.size else 0):
             m = rank == r
-            o = ordinals[m]
-            self.ev_success_[o] = lam * self.ev_success_[o] + successes[m]
-            self.ev_failure_[o] = lam * self.ev_failure_[o] + fail[m]
+            self.update_unique(ordinals[m], n[m], successes[m])
+
+    def update_unique(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
+        """One group each for distinct ordinals."""
+        lam = self.forgetting
+        self.ev_success_[ordinals] = lam * self.ev_success_[ordinals] + successes
+        self.ev_failure_[ordinals] = lam * self.ev_failure_[ordinals] + (n - successes)
 
     def posterior(
         self, size: int, idx: np.ndarray | slice, a0: np.ndarray, b0: np.ndarray

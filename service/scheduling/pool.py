@@ -1,12 +1,16 @@
 """Per-run pool state: plain numpy arrays indexed by a prompt's ordinal.
 
 Nothing here does I/O. Every update is a handful of array expressions over the
-reported groups; every read is vectorised over the pool.
+reported groups; every read is vectorised over the pool. The state is a pure
+function of the reward log: the engine applies one ``observe`` per committed
+report, in commit order, live and on replay alike, so a rebuilt state is
+bit-for-bit the state of a server that never stopped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -16,44 +20,77 @@ from .util import occurrence_rank  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True)
 class Observations:
-    """A batch of reported prompt groups, in the order they were committed."""
+    """One committed report: its prompt groups, in order."""
 
     ordinals: np.ndarray  # int64, prompt ordinal of each group
     n: np.ndarray  # int64, rollouts in the group
-    successes: np.ndarray  # float64, sum of rewards normalised to [0, 1]
+    successes: np.ndarray  # float64, sum of rewards mapped onto [0, 1]
     step: np.ndarray  # int64, the policy step that produced the group
     informative: np.ndarray  # bool, rewards not all equal
+    abs_adv: np.ndarray  # float64, mean |advantage| (std-normalised) of the group
+    staleness: np.ndarray  # int64, steps the run had moved past `step` at commit
 
     def __len__(self) -> int:
         return int(self.ordinals.shape[0])
 
-    @classmethod
-    def concat(cls, parts: list[Observations]) -> Observations:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
+
+class Tracker(Protocol):
+    """Extra state a strategy keeps (an HMM, a bandit, a replay buffer …),
+    updated from the same observations, in the same order."""
+
+    def grow(self, size: int, n_domains: int) -> None: ...
+
+    def observe(self, pool: PoolState, obs: Observations) -> None: ...
 
 
 def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
     if a.shape[0] >= size:
         return a
-    out = np.full(max(size, 2 * a.shape[0], 1024), fill, dtype=a.dtype)
+    shape = (max(size, 2 * a.shape[0], 1024),) + a.shape[1:]
+    out = np.full(shape, fill, dtype=a.dtype)
     out[: a.shape[0]] = a
     return out
 
 
+# Columns of the per-domain moment sums used by the empirical-Bayes prior.
+_SEEN, _RATE, _RATE2, _NOISE = range(4)
+
+
 @dataclass
 class PoolState:
-    """Statistics every strategy can read, plus the estimators' own arrays."""
+    """Statistics every strategy can read, the Beta posterior, and the
+    strategy's own trackers.
+
+    The Beta prior of a prompt is, in order of precedence: its client-supplied
+    ``prior_pass_rate`` (strength ``prior_strength`` or the prompt's own from a
+    warm start); with ``hierarchical``, its domain's pass-rate distribution
+    estimated by the method of moments over the domain's observed prompts
+    (empirical Bayes: mean m and concentration κ with Var(p) = m(1−m)/(κ+1),
+    binomial noise subtracted), falling back to the whole pool's when the
+    domain has fewer than ``eb_min_prompts`` observed prompts; else Beta(1, 1)
+    scaled to ``prior_strength``.
+    """
 
     forgetting: float = 0.5
     prior_strength: float = 2.0
+    hierarchical: bool = False
+    staleness_decay: float = 0.8
+    eb_min_prompts: int = 5
+    eb_max_strength: float = 20.0
+    trackers: dict[str, Tracker] = field(default_factory=dict)
+
     size: int = 0
-    # Capacity-doubled buffers; the live part is [:size].
+    n_domains: int = 1
+    step: int = -1  # the latest policy step seen in a report
     _domain: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _prior: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    _prior_strength: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _rollouts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _informative_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
     beta: BetaPosterior = field(init=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +115,10 @@ class PoolState:
         return self._groups[: self.size]
 
     @property
+    def informative_groups(self) -> np.ndarray:
+        return self._informative_groups[: self.size]
+
+    @property
     def reward_sum(self) -> np.ndarray:
         """Sum of rewards mapped onto [0, 1] (fractional successes)."""
         return self._reward_sum[: self.size]
@@ -87,42 +128,120 @@ class PoolState:
         return self._last_step[: self.size]
 
     # -- changes ----------------------------------------------------------------
-    def set_prompts(self, ordinals: np.ndarray, domain: np.ndarray, prior: np.ndarray) -> None:
+    def set_prompts(
+        self,
+        ordinals: np.ndarray,
+        domain: np.ndarray,
+        prior: np.ndarray,
+        prior_strength: np.ndarray | None = None,
+    ) -> None:
         """Add prompts (ordinals ≥ size) or change their domain / prior."""
         if ordinals.size == 0:
             return
         new_size = max(self.size, int(ordinals.max()) + 1)
-        self._domain = _grow(self._domain, new_size, 0)
-        self._prior = _grow(self._prior, new_size, np.nan)
-        self._rollouts = _grow(self._rollouts, new_size, 0)
-        self._groups = _grow(self._groups, new_size, 0)
-        self._reward_sum = _grow(self._reward_sum, new_size, 0.0)
-        self._last_step = _grow(self._last_step, new_size, -1)
+        new_domains = max(self.n_domains, int(domain.max()) + 1 if domain.size else 1)
+        for name, fill in (
+            ("_domain", 0),
+            ("_prior", np.nan),
+            ("_prior_strength", np.nan),
+            ("_rollouts", 0),
+            ("_groups", 0),
+            ("_informative_groups", 0),
+            ("_reward_sum", 0.0),
+            ("_last_step", -1),
+        ):
+            setattr(self, name, _grow(getattr(self, name), new_size, fill))
+        if new_domains > self._dom.shape[0]:
+            self._dom = _grow(self._dom, new_domains, 0.0)
         self.beta.grow(new_size)
-        self.size = new_size
-        self._domain[ordinals] = domain
-        self._prior[ordinals] = prior
+        self.size, self.n_domains = new_size, new_domains
+        for t in self.trackers.values():
+            t.grow(new_size, new_domains)
+        # A prompt that changes domain moves its moment contribution along.
+        o = np.asarray(ordinals, np.int64)
+        old = self._contrib(o)
+        np.add.at(self._dom, self._domain[o], -old)
+        self._domain[o] = domain
+        np.add.at(self._dom, self._domain[o], old)
+        self._prior[o] = prior
+        if prior_strength is not None:
+            self._prior_strength[o] = prior_strength
 
     def observe(self, obs: Observations) -> None:
+        """Apply one committed report."""
         if len(obs) == 0:
             return
         o = obs.ordinals
         np.add.at(self._rollouts, o, obs.n)
         np.add.at(self._groups, o, 1)
+        np.add.at(self._informative_groups, o, obs.informative.astype(np.int64))
         np.add.at(self._reward_sum, o, obs.successes)
         np.maximum.at(self._last_step, o, obs.step)
-        self.beta.update(o, obs.n, obs.successes)
+        # Late reports still count, down-weighted by how stale their policy is.
+        w = self.staleness_decay ** obs.staleness.astype(np.float64)
+        rank = occurrence_rank(o)
+        for r in range(int(rank.max()) + 1):
+            m = rank == r
+            om = o[m]
+            old = self._contrib(om)
+            self.beta.update_unique(om, w[m] * obs.n[m], w[m] * obs.successes[m])
+            np.add.at(self._dom, self._domain[om], self._contrib(om) - old)
+        self.step = max(self.step, int(obs.step.max()))
+        for t in self.trackers.values():
+            t.observe(self, obs)
+
+    # -- the empirical-Bayes prior ------------------------------------------------
+    def _contrib(self, o: np.ndarray) -> np.ndarray:
+        """Each prompt's contribution to its domain's moment sums: (seen, r, r², noise)."""
+        es = self.beta.ev_success_[o]
+        ef = self.beta.ev_failure_[o]
+        e = es + ef
+        seen = e > 1e-9
+        r = np.where(seen, es / np.where(seen, e, 1.0), 0.0)
+        noise = np.where(seen, r * (1.0 - r) / np.where(seen, e, 1.0), 0.0)
+        return np.stack([seen.astype(np.float64), r, r * r, noise], axis=1)
+
+    def domain_prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, strength) of the prior per domain code, with fallbacks."""
+        D = self.n_domains
+        mean = np.full(D, 0.5)
+        strength = np.full(D, self.prior_strength)
+        if not self.hierarchical:
+            return mean, strength
+        dom = self._dom[:D]
+        tot = dom.sum(axis=0)
+        g_mean, g_strength = self._moments(tot[None, :])
+        if tot[_SEEN] >= self.eb_min_prompts:
+            mean[:], strength[:] = g_mean[0], g_strength[0]
+        d_mean, d_strength = self._moments(dom)
+        ok = dom[:, _SEEN] >= self.eb_min_prompts
+        mean[ok], strength[ok] = d_mean[ok], d_strength[ok]
+        return mean, strength
+
+    def _moments(self, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cnt = np.maximum(sums[:, _SEEN], 1.0)
+        m = sums[:, _RATE] / cnt
+        var_r = np.maximum(sums[:, _RATE2] / cnt - m * m, 0.0)
+        var_p = np.maximum(var_r - sums[:, _NOISE] / cnt, 1e-4)
+        m = np.clip(m, 0.01, 0.99)
+        kappa = np.clip(m * (1.0 - m) / var_p - 1.0, 1.0, self.eb_max_strength)
+        return m, kappa
+
+    def prior(self, idx: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(α₀, β₀) of the prompts at ``idx``."""
+        dm, ds = self.domain_prior()
+        d = self.domain[idx]
+        client = self.prior_pass_rate[idx]
+        own_strength = self._prior_strength[: self.size][idx]
+        has = ~np.isnan(client)
+        mean = np.where(has, client, dm[d])
+        strength = np.where(has, np.where(np.isnan(own_strength), self.prior_strength, own_strength), ds[d])
+        return strength * mean, strength * (1.0 - mean)
 
     # -- reads ------------------------------------------------------------------
-    def prior_mean(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
-        p = self.prior_pass_rate[idx]
-        return np.where(np.isnan(p), 0.5, p)
-
     def posterior(self, idx: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Beta(α, β) of the pass rate of the prompts at ``idx``."""
-        m = self.prior_mean(idx)
-        a0 = self.prior_strength * m
-        b0 = self.prior_strength * (1.0 - m)
+        a0, b0 = self.prior(idx)
         return self.beta.posterior(self.size, idx, a0, b0)
 
     def predicted_pass_rate(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:

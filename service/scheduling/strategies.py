@@ -58,6 +58,9 @@ class Strategy:
         """Estimator hyperparameters the run's PoolState is built with."""
         return {}
 
+    def make_pool(self) -> PoolState:
+        return PoolState(**self.pool_options())
+
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         raise NotImplementedError
 

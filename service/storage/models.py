@@ -64,6 +64,8 @@ class Prompt(Base):
     domain: Mapped[str | None] = mapped_column(String(ID_LEN))
     tags: Mapped[list | None] = mapped_column(JSON)
     prior_pass_rate: Mapped[float | None] = mapped_column(Float)
+    # Pseudo-count strength of the prior (set by a warm start); None = the strategy's.
+    prior_strength: Mapped[float | None] = mapped_column(Float)
     text: Mapped[str | None] = mapped_column(Text)
     # The run's prompt_version when this row was last written: replicas refresh
     # incrementally with ``version > last_seen``.
@@ -101,6 +103,8 @@ class PlanItem(Base):
     prompt_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
     rollouts: Mapped[int] = mapped_column(Integer, nullable=False)
     predicted_pass_rate: Mapped[float] = mapped_column(Float, nullable=False)
+    # 0: the plan; 1: rollouts added by POST .../plans/{plan_id}/extend (pilot/commit).
+    phase: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
 
 
 class Report(Base):
@@ -135,6 +139,10 @@ class Result(Base):
     n: Mapped[int] = mapped_column(Integer, nullable=False)
     reward_sum: Mapped[float] = mapped_column(Float, nullable=False)
     informative: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    # Mean |advantage| of the group with std-normalised advantages (0 when all equal).
+    abs_adv: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
+    # How many steps the run had moved past the report's step when it committed.
+    staleness: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     rewards: Mapped[list] = mapped_column(JSON, nullable=False)
 
     __table_args__ = (
@@ -153,3 +161,29 @@ class RunStep(Base):
         ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
     )
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class PlanExtension(Base):
+    """The commit phase of a two-phase (pilot/commit) plan; at most one per plan."""
+
+    __tablename__ = "plan_extensions"
+
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), primary_key=True)
+    extra_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+
+
+class StrategyChange(Base):
+    """A run's strategy history: the strategy in force from ``report_seq`` on."""
+
+    __tablename__ = "strategy_changes"
+
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    strategy: Mapped[dict] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
