@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats as scipy_stats
 from pydantic import ValidationError
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -35,7 +36,10 @@ from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
 from .storage.db import write_session
-from .storage.models import Plan, PlanItem, Prompt, Report, Result, Run, RunStep
+from .storage.models import Plan, PlanItem, Prompt, Report, Result, Run, RunStep, StrategyChange
+
+
+WARM_START_MAX_STRENGTH = 20.0
 
 
 def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
@@ -49,26 +53,45 @@ def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarra
 
 def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
     """The run's settings as stored, strategy parameters filled with their defaults."""
-    try:
-        strategy = strat.build(body.strategy.name, body.strategy.params)
-    except KeyError:
-        raise Invalid(
-            f"strategy.name: unknown strategy {body.strategy.name!r}; known: {sorted(strat.REGISTRY)}",
-            errors=[{"loc": "body.strategy.name", "msg": "unknown strategy"}],
-        ) from None
-    except ValidationError as e:
-        errs = [
-            {"loc": "body.strategy.params." + ".".join(map(str, err["loc"])), "msg": err["msg"]}
-            for err in e.errors(include_url=False)
-        ]
-        raise Invalid(f"{errs[0]['loc']}: {errs[0]['msg']}", errors=errs) from None
+    strategy = build_strategy(body.strategy)
     return {
-        "strategy": {"name": strategy.name, "params": strategy.params.model_dump(mode="json")},
+        "strategy": strategy_spec(strategy),
         "rollouts_per_prompt": body.rollouts_per_prompt,
         "min_rollouts": body.min_rollouts,
         "max_rollouts": body.max_rollouts,
         "reward_range": list(body.reward_range),
+        "warm_start_from": body.warm_start_from,
     }
+
+
+def strategy_spec(strategy: strat.Strategy) -> dict[str, Any]:
+    return {"name": strategy.name, "params": strategy.params.model_dump(mode="json")}
+
+
+def build_strategy(spec: schemas.StrategySpec, loc: str = "body.strategy") -> strat.Strategy:
+    """A strategy from its spec; 422 naming the field for a bad name or parameter."""
+    try:
+        return strat.build(spec.name, spec.params)
+    except KeyError:
+        raise Invalid(
+            f"{loc}.name: unknown strategy {spec.name!r}; known: {sorted(strat.REGISTRY)}",
+            errors=[{"loc": f"{loc}.name", "msg": "unknown strategy"}],
+        ) from None
+    except ValidationError as e:
+        errs = [
+            {"loc": f"{loc}.params." + ".".join(map(str, err["loc"])), "msg": err["msg"]}
+            for err in e.errors(include_url=False)
+        ]
+        raise Invalid(f"{errs[0]['loc']}: {errs[0]['msg']}", errors=errs) from None
+
+
+def current_strategy(settings: dict[str, Any]) -> dict[str, Any]:
+    """The strategy in force: the latest mid-run change, else the one the run was created with."""
+    return settings.get("strategy_override") or settings["strategy"]
+
+
+def creation_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k != "strategy_override"}
 
 
 @dataclass
@@ -148,8 +171,10 @@ class Engine:
         """The run's in-memory state, brought up to date with the database."""
         with self._lock:
             ctx = self._contexts.get(run.id)
-            if ctx is None or ctx.run_pk != run.pk:
-                strategy = strat.build(run.settings["strategy"]["name"], run.settings["strategy"]["params"])
+            if ctx is None or ctx.run_pk != run.pk or ctx.settings != run.settings:
+                # New, or its strategy changed (here or on another replica): replay the log.
+                spec = current_strategy(run.settings)
+                strategy = strat.build(spec["name"], spec["params"])
                 ctx = RunContext(
                     run_pk=run.pk,
                     run_id=run.id,
@@ -210,21 +235,51 @@ class Engine:
         with write_session(self.sessions, run_id) as s:
             run = s.scalar(select(Run).where(Run.id == run_id))
             if run is None:
+                if body.warm_start_from is not None:
+                    if body.warm_start_from == run_id:
+                        raise Invalid("warm_start_from: a run cannot warm-start from itself")
+                    if s.scalar(select(Run.pk).where(Run.id == body.warm_start_from)) is None:
+                        raise Invalid(
+                            f"warm_start_from: run {body.warm_start_from!r} does not exist",
+                            errors=[{"loc": "body.warm_start_from", "msg": "unknown run"}],
+                        )
                 run = Run(id=run_id, settings=wanted, meta=body.metadata)
                 s.add(run)
                 s.flush()
                 s.refresh(run)
                 return True, run
-            if run.settings != wanted:
+            if creation_settings(run.settings) != wanted:
                 diff = sorted(k for k in wanted if wanted[k] != run.settings.get(k))
                 raise Conflict(
                     f"run {run_id!r} exists with different settings ({', '.join(diff)}); "
-                    "use a new run id, or send the same settings to attach",
+                    "use a new run id, or send the settings it was created with to attach "
+                    f"(change a strategy mid-run with POST /v1/runs/{run_id}/strategy)",
                     errors=[{"loc": f"body.{k}", "msg": "differs from the existing run"} for k in diff],
                 )
             if body.metadata != run.meta:
                 run.meta = body.metadata
             return False, run
+
+    def change_strategy(self, run_id: str, body: schemas.StrategyChangeIn) -> Run:
+        """Switch the run's strategy from a step on. The estimators are rebuilt from the
+        log with the new strategy's hyperparameters, so every replica agrees."""
+        spec = strategy_spec(build_strategy(body.strategy))
+        with write_session(self.sessions, run_id) as s:
+            run = self.get_run(s, run_id)
+            last = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_pk == run.pk))
+            step = body.step if body.step is not None else (0 if last is None else last + 1)
+            n = s.scalar(select(func.count()).select_from(StrategyChange).where(StrategyChange.run_pk == run.pk))
+            s.add(StrategyChange(run_pk=run.pk, seq=n + 1, step=step, strategy=spec))
+            run.settings = {**run.settings, "strategy_override": spec}
+            return run
+
+    def strategy_history(self, session: Session, run: Run) -> list[dict[str, Any]]:
+        rows = session.execute(
+            select(StrategyChange.step, StrategyChange.strategy)
+            .where(StrategyChange.run_pk == run.pk)
+            .order_by(StrategyChange.seq)
+        ).all()
+        return [{"step": st, "strategy": spec} for st, spec in rows]
 
     def stats(self, session: Session, run: Run) -> schemas.RunStats:
         steps = session.scalar(select(func.count()).select_from(RunStep).where(RunStep.run_pk == run.pk))
@@ -280,6 +335,7 @@ class Engine:
                         "domain": p.domain,
                         "tags": p.tags,
                         "prior_pass_rate": p.prior_pass_rate,
+                        "prior_strength": None,
                         "text": p.text,
                         "version": version,
                     }
@@ -288,6 +344,8 @@ class Engine:
                     row = {"run_pk": run.pk, "ordinal": o, "version": version}
                     row.update(p.model_dump(include=p.model_fields_set - {"id"}))
                     upd_rows.append(row)
+            if new_rows and run.settings.get("warm_start_from"):
+                self._warm_start_priors(s, run.settings["warm_start_from"], new_rows)
             if new_rows:
                 s.execute(insert(Prompt), new_rows)
             if upd_rows:
@@ -295,6 +353,22 @@ class Engine:
             run.n_prompts += len(new_rows)
             run.prompt_version = version
         return schemas.PromptsAck(created=len(new_rows), updated=len(upd_rows))
+
+    def _warm_start_priors(self, s: Session, source_id: str, rows: list[dict[str, Any]]) -> None:
+        """Seed new prompts without a client prior from the source run's posterior."""
+        source = s.scalar(select(Run).where(Run.id == source_id))
+        if source is None:
+            return
+        src = self.context(s, source)
+        todo = [r for r in rows if r["prior_pass_rate"] is None]
+        with src.lock:
+            o = src.lookup([r["id"] for r in todo])
+            known = np.flatnonzero(o >= 0)
+            known = known[src.pool.groups[o[known]] > 0]
+            a, b = src.pool.posterior(o[known])
+        for i, aa, bb in zip(known.tolist(), a.tolist(), b.tolist()):
+            todo[i]["prior_pass_rate"] = aa / (aa + bb)
+            todo[i]["prior_strength"] = min(aa + bb, WARM_START_MAX_STRENGTH)
 
     # -- plans --------------------------------------------------------------------
     def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, schemas.PlanOut]:
@@ -518,6 +592,7 @@ class Engine:
             rs = pool.reward_sum[o]
             last = pool.last_step[o]
         lo, hi = ctx.reward_range
+        ci_lo, ci_hi = scipy_stats.beta.ppf([[0.05], [0.95]], a, b)
         out = []
         for i, r in enumerate(rows):
             ni = int(n[i])
@@ -531,6 +606,7 @@ class Engine:
                     "groups": int(g[i]),
                     "mean_reward": float(lo + (hi - lo) * rs[i] / ni) if ni else None,
                     "predicted_pass_rate": float(a[i] / (a[i] + b[i])),
+                    "pass_rate_interval": (float(ci_lo[i]), float(ci_hi[i])),
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,
                 }

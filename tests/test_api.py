@@ -425,3 +425,48 @@ def test_late_report_is_used_down_weighted(client):
     p = client.get("/v1/runs/run-1/prompts/set/1").json()
     assert p["rollouts"] == 4  # counted in full
     assert p["posterior"]["alpha"] == pytest.approx(1 + 4 * 0.8**3)  # 3 steps stale
+
+
+def test_change_strategy_mid_run(client):
+    make_run(client)
+    client.post("/v1/runs/run-1/plans", json={"batch_size": 4, "step": 0})
+    r = client.post("/v1/runs/run-1/strategy", json={"strategy": {"name": "uniform"}})
+    assert r.status_code == 200, r.text
+    run = r.json()
+    assert run["strategy"]["name"] == "uniform"
+    assert run["strategy_history"] == [{"step": 1, "strategy": {"name": "uniform", "params": {}}}]
+    assert client.post("/v1/runs/run-1/plans", json={"batch_size": 4}).json()["strategy"] == "uniform"
+    # The stored plan of step 0 is unchanged; a restarted trainer still attaches.
+    assert client.post("/v1/runs/run-1/plans", json={"batch_size": 4, "step": 0}).json()["strategy"] == "default"
+    assert client.put("/v1/runs/run-1", json={"rollouts_per_prompt": 8}).status_code == 200
+    assert_problem(client.post("/v1/runs/run-1/strategy", json={"strategy": {"name": "nope"}}), 422, "strategy.name")
+    assert_problem(client.post("/v1/runs/run-1/strategy",
+                               json={"strategy": {"name": "beta", "params": {"forgetting": 0}}}), 422, "forgetting")
+    assert_problem(client.post("/v1/runs/ghost/strategy", json={"strategy": {"name": "uniform"}}), 404)
+
+
+def test_strategy_change_rebuilds_estimates(client):
+    make_run(client, strategy={"name": "beta", "params": {"forgetting": 1.0}})
+    for i in range(3):
+        assert report(client, f"r{i}", i, [("set/1", [1, 1, 1, 1])]).status_code == 200
+    assert client.get("/v1/runs/run-1/prompts/set/1").json()["posterior"]["alpha"] == pytest.approx(13.0)
+    client.post("/v1/runs/run-1/strategy", json={"strategy": {"name": "beta", "params": {"forgetting": 0.5}}})
+    # Replayed with λ = 0.5: 4, then 0.5·4 + 4 = 6, then 0.5·6 + 4 = 7 evidence; α = 1 + 7.
+    assert client.get("/v1/runs/run-1/prompts/set/1").json()["posterior"]["alpha"] == pytest.approx(8.0)
+
+
+def test_warm_start_from_earlier_run(client):
+    make_run(client, run_id="old")
+    assert report(client, "r", 0, [("set/1", [1] * 16), ("set/2", [0] * 16)], run_id="old").status_code == 200
+    assert_problem(client.put("/v1/runs/new", json={"warm_start_from": "ghost"}), 422, "warm_start_from")
+    r = client.put("/v1/runs/new", json={"warm_start_from": "old"})
+    assert r.status_code == 201 and r.json()["warm_start_from"] == "old"
+    client.post("/v1/runs/new/prompts", json={"prompts": [{"id": "set/1"}, {"id": "set/2"}, {"id": "set/3"},
+                                                           {"id": "set/4", "prior_pass_rate": 0.5}]})
+    got = {p["id"]: p for p in client.get("/v1/runs/new/prompts").json()["items"]}
+    assert got["set/1"]["predicted_pass_rate"] > 0.85 and got["set/2"]["predicted_pass_rate"] < 0.15
+    assert got["set/1"]["rollouts"] == 0  # priors only, no history copied
+    assert got["set/3"]["predicted_pass_rate"] == 0.5  # unseen there
+    assert got["set/4"]["predicted_pass_rate"] == 0.5  # the client's prior wins
+    lo, hi = got["set/1"]["pass_rate_interval"]
+    assert lo < got["set/1"]["predicted_pass_rate"] < hi

@@ -37,6 +37,11 @@ class RunIn(Strict):
         (0.0, 1.0), description="[low, high] of a reward; rewards outside are rejected."
     )
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form; replaced on attach.")
+    warm_start_from: RunId | None = Field(
+        None,
+        description="An earlier run whose estimates seed this run's priors: a prompt registered here with the "
+        "same id as there starts from that run's posterior (strength capped at 20).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RunIn:
@@ -53,6 +58,16 @@ class RunIn(Strict):
         return self
 
 
+class StrategyChangeIn(Strict):
+    strategy: StrategySpec
+    step: int | None = Field(None, ge=0, description="First step planned with it; default: the run's next step.")
+
+
+class StrategyChangeOut(BaseModel):
+    step: int
+    strategy: StrategySpec
+
+
 class RunStats(BaseModel):
     prompts: int
     steps: int
@@ -64,7 +79,11 @@ class RunStats(BaseModel):
 
 class RunOut(BaseModel):
     id: str
-    strategy: StrategySpec
+    strategy: StrategySpec = Field(description="The strategy in force now.")
+    strategy_history: list[StrategyChangeOut] = Field(
+        default_factory=list, description="Mid-run strategy changes, oldest first."
+    )
+    warm_start_from: str | None = None
     rollouts_per_prompt: int
     min_rollouts: int
     max_rollouts: int
@@ -111,6 +130,7 @@ class PromptOut(BaseModel):
     groups: int
     mean_reward: float | None
     predicted_pass_rate: float
+    pass_rate_interval: tuple[float, float] = Field(description="90% credible interval of the pass rate.")
     posterior: dict[str, float] = Field(description="Beta posterior of the pass rate: alpha, beta.")
     last_step: int | None
 

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 from sqlalchemy import select
 
+from ..engine import current_strategy
 from ..errors import Invalid, NotFound
 from ..scheduling import strategies as strat
 from ..storage.models import Prompt, Run
@@ -51,7 +52,9 @@ def _run_out(engine, session, run: Run) -> schemas.RunOut:
     cfg = run.settings
     return schemas.RunOut(
         id=run.id,
-        strategy=schemas.StrategySpec(**cfg["strategy"]),
+        strategy=schemas.StrategySpec(**current_strategy(cfg)),
+        strategy_history=engine.strategy_history(session, run),
+        warm_start_from=cfg.get("warm_start_from"),
         rollouts_per_prompt=cfg["rollouts_per_prompt"],
         min_rollouts=cfg["min_rollouts"],
         max_rollouts=cfg["max_rollouts"],
@@ -102,6 +105,14 @@ def list_runs(engine: EngineDep, session: SessionDep, limit: Limit = 100, cursor
     runs = list(session.scalars(q))
     nxt = _encode_cursor(runs[limit - 1].id) if len(runs) > limit else None
     return schemas.RunPage(items=[_run_out(engine, session, r) for r in runs[:limit]], next_cursor=nxt)
+
+
+@router.post("/runs/{run_id}/strategy", response_model=schemas.RunOut, responses=RESPONSES, tags=["runs"])
+def change_strategy(run_id: RunIdPath, body: schemas.StrategyChangeIn, engine: EngineDep, session: SessionDep):
+    """Change the run's strategy mid-run, from `step` on (recorded in `strategy_history`).
+    Estimates are rebuilt from the reward log with the new strategy's hyperparameters."""
+    engine.change_strategy(run_id, body)
+    return _run_out(engine, session, engine.get_run(session, run_id))
 
 
 # -- prompts --------------------------------------------------------------------------
