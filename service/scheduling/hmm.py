@@ -140,10 +140,6 @@ def _matvec(m: np.ndarray, x: np.ndarray) -> np.ndarray:
     return m[:, :, 0] * x[:, 0:1] + m[:, :, 1] * x[:, 1:2] + m[:, :, 2] * x[:, 2:3]
 
 
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.einsum("nij,njk->nik", a, b)
-
-
 def _normalise_rows(x: np.ndarray) -> np.ndarray:
     return x / x.sum(axis=1, keepdims=True)
 
@@ -250,19 +246,23 @@ class SolveStateHMM:
         ks = k[sel]
         order = np.argsort(-ks, kind="stable")
         sel, ks = sel[order], ks[order]
-        x = b[sel]
-        a = counts[rows[sel]]
-        col = a.sum(axis=1)  # (m, 3) column masses
+        # State-major layout: each state's row is contiguous, the prefix a view.
+        x = np.ascontiguousarray(b[sel].T)  # (3, m)
+        a = np.ascontiguousarray(counts[rows[sel]].transpose(1, 2, 0))  # (to, from, m)
+        col = a.sum(axis=0)  # (from, m) column masses
         neg = -ks
         lam, w_i = self.forgetting, 1.0
         for i in range(int(ks[0])):
             na = int(np.searchsorted(neg, -i, side="left"))  # prompts with k > i
-            xa = x[:na]
-            w = xa / (w_i * col[:na] + N_STATES * (1.0 - w_i))
-            y = w_i * _matvec(a[:na], w) + (1.0 - w_i) * w.sum(axis=1, keepdims=True)
-            x[:na] = _normalise_rows(y)
+            w = x[:, :na] / (w_i * col[:, :na] + N_STATES * (1.0 - w_i))
+            y = a[:, 0, :na] * w[0]
+            y += a[:, 1, :na] * w[1]
+            y += a[:, 2, :na] * w[2]
+            y *= w_i
+            y += (1.0 - w_i) * (w[0] + w[1] + w[2])
+            x[:, :na] = y  # columns of P sum to 1, so y sums to 1 up to rounding
             w_i *= lam
-        out[sel] = x
+        out[sel] = (x / x.sum(axis=0)).T
         return out
 
     @staticmethod
@@ -285,7 +285,7 @@ class SolveStateHMM:
             kk >>= 1
             if not kk.any():
                 break
-            pw = _matmul(pw, pw)
+            pw = pw @ pw
         out[sel] = x
         return out
 
