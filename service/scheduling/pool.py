@@ -160,9 +160,13 @@ class PoolState:
         # A prompt that changes domain moves its moment contribution along.
         o = np.asarray(ordinals, np.int64)
         old = self._contrib(o)
-        np.add.at(self._dom, self._domain[o], -old)
+        old_domain = self._domain[o].copy()
+        np.add.at(self._dom, old_domain, -old)
         self._domain[o] = domain
         np.add.at(self._dom, self._domain[o], old)
+        for t in self.trackers.values():
+            if hasattr(t, "move_domain"):
+                t.move_domain(o, old_domain, self._domain[o])
         self._prior[o] = prior
         if prior_strength is not None:
             self._prior_strength[o] = prior_strength
