@@ -1,4 +1,6 @@
 """Typed results and the error class of the client (plain dataclasses, no server imports)."""
+# The result classes mirror service/api/schemas.py on purpose: the client must not import the server.
+# pylint: disable=duplicate-code
 
 from __future__ import annotations
 
@@ -85,7 +87,7 @@ class Run:
             rollouts_per_prompt=data["rollouts_per_prompt"],
             min_rollouts=data["min_rollouts"],
             max_rollouts=data["max_rollouts"],
-            reward_range=tuple(data["reward_range"]),  # type: ignore[arg-type]
+            reward_range=(float(data["reward_range"][0]), float(data["reward_range"][1])),
             metadata=data.get("metadata") or {},
             stats=data.get("stats") or {},
             raw=data,

@@ -169,13 +169,15 @@ class RetryPolicy:
 
     def execute(self, call: Call) -> Job[Reply]:
         """Send ``call`` until it succeeds, fails for good, or the retries run out."""
-        for attempt in itertools.count():
+        attempt = 0
+        while True:
             outcome = yield call
             assert outcome is not None, "a Call is answered with a response or a transport error"
             pause = self.delay(attempt, call, outcome)
             if pause is None:
                 return to_reply(call, outcome, attempt + 1)
             yield Sleep(pause)
+            attempt += 1
 
 
 NO_RETRY = RetryPolicy(max_retries=0)
@@ -189,7 +191,8 @@ def with_retries(op: Op[T], policy: RetryPolicy) -> Job[T]:
         try:
             call = resume(value)
         except StopIteration as stop:
-            return stop.value
+            result: T = stop.value
+            return result
         try:
             value, resume = (yield from policy.execute(call)), op.send
         except RollplanError as exc:
@@ -201,7 +204,8 @@ def advance(job: Job[T], sent: Outcome | None) -> Effect | Done[T]:
     try:
         return job.send(sent)
     except StopIteration as stop:
-        return Done(stop.value)
+        value: T = stop.value
+        return Done(value)
 
 
 def build_request(http: httpx.Client | httpx.AsyncClient, call: Call) -> httpx.Request:
@@ -293,29 +297,29 @@ def progress_bar(progress: bool | None, total: int | None) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="prompt", desc="Uploading prompts", unit_scale=True)
+    return tqdm(total=total, unit="prompt", desc="Uploading prompts")
 
 
 def upsert_prompts(run_id: str, prompts: Iterable[Any], chunk_size: int, progress: bool | None) -> Op[PromptsAck]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     path = f"/v1/runs/{seg(run_id)}/prompts"
-    bar = progress_bar(progress, len(prompts) if isinstance(prompts, Sized) else None)
+    meter = progress_bar(progress, len(prompts) if isinstance(prompts, Sized) else None)
     created = updated = offset = 0
     try:
         for chunk in chunks(map(prompt_json, prompts), chunk_size):
             try:
                 c, u = yield from _upsert_chunk(path, chunk)
             except RollplanError as exc:
-                if offset == 0 or exc.status is None:
+                if offset == 0 or exc.status != 422:
                     raise
                 raise _in_chunk(exc, offset, len(chunk)) from exc
             created, updated, offset = created + c, updated + u, offset + len(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
+            if meter is not None:
+                meter.update(len(chunk))
     finally:
-        if bar is not None:
-            bar.close()
+        if meter is not None:
+            meter.close()
     return PromptsAck(created, updated)
 
 
@@ -362,7 +366,7 @@ def report_body(report_id: str, step: int, results: ResultsArg, plan_id: str | N
         if isinstance(item, Mapping):
             pid, rewards = item["prompt_id"], item["rewards"]
         else:
-            pid, rewards = item
+            pid, rewards = tuple(item)
         groups.append({"prompt_id": pid, "rewards": [float(r) for r in rewards]})
     body: dict[str, Any] = {"report_id": report_id, "step": step, "results": groups}
     if plan_id is not None:

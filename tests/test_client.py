@@ -189,8 +189,13 @@ def test_retries_until_the_server_comes_up(server_factory, monkeypatch):
     """A client started before its server keeps retrying connection errors until it answers."""
     port = free_port()
     srv = server_factory(port=port)
-    sleeps: list[float] = []
-    monkeypatch.setattr(client_mod, "_sleep", lambda s: (sleeps.append(s), time.sleep(s))[1])
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(client_mod, "_sleep", sleep)
     with Client(f"http://127.0.0.1:{port}", max_retries=200, backoff=0.05, max_backoff=0.2, timeout=5) as c:
         assert c.ready() is False  # one attempt, no retries
         failed: list[BaseException] = []
@@ -210,7 +215,7 @@ def test_retries_until_the_server_comes_up(server_factory, monkeypatch):
         thread.join(60)
         assert not failed
         assert run.created and run.id == "late-run"
-        assert waited >= 1.0 and len(sleeps) >= 3
+        assert waited >= 1.0 and len(waits) >= 3
         assert c.ready() is True
 
 
@@ -227,12 +232,14 @@ class Script:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)  # a fresh copy
 
 
-def problem(status: int, title: str, detail: str, **extra) -> httpx.Response:
+def problem(status: int, title: str, detail: str, errors: list | None = None, **headers: str) -> httpx.Response:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json", **extra})
+    if errors is not None:
+        body["errors"] = errors
+    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json", **headers})
 
 
 OK = httpx.Response(200, json={"status": "ok"})
@@ -254,8 +261,9 @@ def mock_client(script: Script, **kw) -> Client:
     return Client("http://rollplan.test", transport=httpx.MockTransport(script), **kw)
 
 
-def test_retries_5xx_then_succeeds(sleeps):
-    script = Script(problem(503, "Service unavailable", "db down"), httpx.Response(502), OK)
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_retries_then_succeeds(sleeps, status):
+    script = Script(problem(status, "Unavailable", "try again"), httpx.Response(status), OK)
     assert mock_client(script, backoff=0.5).health() == {"status": "ok"}
     assert len(script.requests) == 3
     assert len(sleeps) == 2 and 0 <= sleeps[0] <= 0.5 and 0 <= sleeps[1] <= 1.0
@@ -282,14 +290,12 @@ def test_retry_after_is_honoured(sleeps):
 @pytest.mark.parametrize("status", [400, 401, 404, 409, 413, 422])
 def test_4xx_is_not_retried(sleeps, status):
     errors = [{"loc": "results[1]", "id": "p/1", "msg": "unknown prompt id"}]
-    script = Script(httpx.Response(
-        status, json={"title": "Bad", "status": status, "detail": "nope", "errors": errors, "type": "t"}
-    ))
+    script = Script(problem(status, "Bad", "nope", errors))
     with pytest.raises(RollplanError) as exc:
         mock_client(script).get_run("r")
     assert len(script.requests) == 1 and sleeps == []
     e = exc.value
-    assert (e.status, e.title, e.detail, e.errors, e.type) == (status, "Bad", "nope", errors, "t")
+    assert (e.status, e.title, e.detail, e.errors, e.type) == (status, "Bad", "nope", errors, "about:blank")
     assert "results[1] (p/1): unknown prompt id" in str(e)
 
 
@@ -371,6 +377,16 @@ def test_request_bodies():
         c.upsert_prompts("r", ["p"], chunk_size=0)
 
 
+def test_invalid_item_in_a_later_chunk_says_which_chunk():
+    errors = [{"loc": "body.prompts[1].prior_pass_rate", "msg": "too large"}]
+    script = Script(httpx.Response(200, json={"created": 5, "updated": 0}),
+                    problem(422, "Validation failed", "body.prompts[1].prior_pass_rate: too large", errors))
+    with pytest.raises(RollplanError) as exc:
+        mock_client(script).upsert_prompts("r", [f"p{i}" for i in range(10)], chunk_size=5)
+    assert exc.value.status == 422 and exc.value.errors == errors
+    assert "chunk of prompts 5..9" in exc.value.detail and len(script.requests) == 2
+
+
 def test_progress_bar(capsys):
     script = Script(httpx.Response(200, json={"created": 5, "updated": 0}))
     mock_client(script).upsert_prompts("r", [f"p{i}" for i in range(10)], chunk_size=5, progress=True)
@@ -403,3 +419,17 @@ def test_import_is_light():
         "assert rollplan.__version__ == '0.1.0'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sync_and_async_clients_share_one_api():
+    import inspect
+
+    names = ["health", "ready", "strategies", "put_run", "get_run", "list_runs", "upsert_prompts",
+             "list_prompts", "get_prompt", "plan", "report"]
+    sync, aio = Client("http://x.test"), AsyncClient("http://x.test")
+    for name in names:
+        assert inspect.signature(getattr(sync, name)) == inspect.signature(getattr(aio, name)), name
+        assert getattr(sync, name).__doc__, name
+    assert "run_id" in inspect.signature(sync.put_run).parameters and sync.put_run is getattr(sync, 'put_run')
+    sync.close()
+    asyncio.run(aio.close())
