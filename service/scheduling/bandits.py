@@ -279,9 +279,16 @@ def assign_bins(
         raise ValueError("hysteresis must be ≥ 0")
     r = np.asarray(rates, np.float64)
     prev = np.asarray(previous_bins, np.int64)
-    raw = np.searchsorted(e, r, side="right")
-    lo = np.searchsorted(e, r - hysteresis, side="right")
-    hi = np.maximum(np.searchsorted(e, r + hysteresis, side="left"), lo)
+    # Counting comparisons edge by edge (K is small) beats searchsorted on big pools.
+    raw = np.zeros(r.shape, np.int64)
+    lo = np.zeros(r.shape, np.int64)
+    hi = np.zeros(r.shape, np.int64)
+    down, up = r - hysteresis, r + hysteresis
+    for edge in e:
+        raw += r >= edge
+        lo += down >= edge
+        hi += up > edge
+    hi = np.maximum(hi, lo)
     return np.where(prev < 0, raw, np.clip(prev, lo, hi)).astype(np.int64)
 
 
