@@ -96,6 +96,16 @@ def test_dump_grow_keeps_state():
 
 
 # -- SEC -----------------------------------------------------------------------------------
+def test_sec_learning_rate():
+    s = bd.SEC(2, alpha=0.3, temperature=0.2, decay_unsampled=True)
+    s.update(np.array([0]), np.array([4]), np.array([1.0]))
+    np.testing.assert_allclose(s.q_, [0.3, 0.0])
+    s.update(np.array([1]), np.array([4]), np.array([0.5]))
+    q = [0.7 * 0.3, 0.15]  # arm 0 decays by (1 − α); arm 1 moves α of the way to 0.5
+    np.testing.assert_allclose(s.q_, q)
+    np.testing.assert_allclose(s.weights(), softmax(q, 0.2))
+
+
 @pytest.mark.parametrize("decay", [False, True])
 def test_sec_td0(decay):
     s = bd.SEC(3, alpha=0.5, temperature=0.5, decay_unsampled=decay)
@@ -140,6 +150,10 @@ def test_assign_bins_hysteresis_cases():
         0,  # new prompt
     ]
     assert bd.assign_bins(rates, prev, edges, h).tolist() == want
+    # Just either side of edge ± h.
+    rates = np.array([0.4305, 0.429, 0.3695, 0.371, 0.7805, 0.779, 0.7195, 0.721])
+    prev = np.array([0, 0, 1, 1, 1, 1, 2, 2])
+    assert bd.assign_bins(rates, prev, edges, h).tolist() == [1, 0, 0, 1, 2, 1, 1, 2]
 
 
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(-1, 3)), min_size=1, max_size=50),
