@@ -231,9 +231,12 @@ def knapsack(
     H = hi - lo
     C = budget - B * lo
     ks = np.arange(lo, hi + 1, dtype=np.float64)
-    V = np.asarray(value(ks[:, None], p[None, :]), np.float64)  # (H+1, B)
-    if V.shape != (H + 1, B) or not np.all(np.isfinite(V)):
-        raise ValueError("value(k, p) must give a finite (len(k), B) table")
+    try:
+        V = np.broadcast_to(np.asarray(value(ks[:, None], p[None, :]), np.float64), (H + 1, B))
+    except ValueError as exc:
+        raise ValueError("value(k[:, None], p[None, :]) must broadcast to a (len(k), B) table") from exc
+    if not np.all(np.isfinite(V)):
+        raise ValueError("value(k, p) must be finite")
     gains = np.diff(V, axis=0)  # (H, B)
     concave = np.all(np.diff(gains, axis=0) <= 1e-12 * np.abs(V).max(initial=1.0), axis=0)
     if approximate or concave.all():

@@ -393,6 +393,7 @@ class RolloutGDRO:
     μ ← μ + ``price_step``·(realised mean n − n̄). The published code chooses one arm per bin
     by a DP over the budget; ``choose`` here takes each bin's most probable arm
     (or a draw, with ``rng``) and leaves fitting the budget to an allocator.
+    Groups whose n is not one of the arms update only the price.
     """
 
     def __init__(

@@ -91,14 +91,14 @@ def e2h_weights(
     each qᵢ floored at 2/(K(K+1)) and the result renormalised.
     gaussian: μ = (t/T)^mu_exp·(K−1), qᵢ ∝ exp(−(i−μ)²/(2σ²)), then mixed with a
     uniform floor: p_min + (1 − K·p_min)·qᵢ (``min_prob``; 0 by default, the
-    published code's ``min_prob=True`` is 2/(K(K+1))).
+    published code's ``min_prob=True`` is 2/(K(K+1))). t/T is clipped to [0, 1].
     """
     if K < 1:
         raise ValueError("K must be ≥ 1")
     if T <= 0:
         raise ValueError("T must be > 0")
     i = np.arange(K, dtype=np.float64)
-    x = float(t) / float(T)
+    x = min(max(float(t) / float(T), 0.0), 1.0)  # past T the schedule stays at its end
     if schedule == "cosine":
         S = K * (K + 1) / 2.0
         a = 0.5 * (1.0 + np.cos(np.pi * x))
