@@ -22,3 +22,272 @@ def equal(batch_size: int, budget: int, lo: int, hi: int) -> np.ndarray:
     out[:rem] += 1
     assert lo <= out.min() and out.max() <= hi and out.sum() == budget
     return out
+
+
+# -- shared machinery ---------------------------------------------------------------------
+#
+# Every allocator below has the signature
+#     f(p: (B,) pass rates, budget, lo, hi, **params) -> int64 (B,)
+# with sum == budget and lo ≤ r ≤ hi, and raises ValueError when that is infeasible.
+
+
+def _validate(p: np.ndarray, budget: int, lo: int, hi: int) -> np.ndarray:
+    p = np.asarray(p, np.float64)
+    if p.ndim != 1:
+        raise ValueError("p must be one-dimensional")
+    if lo < 0 or hi < lo:
+        raise ValueError(f"need 0 ≤ min_rollouts ≤ max_rollouts, got {lo}, {hi}")
+    if p.size == 0:
+        if budget != 0:
+            raise ValueError("a non-zero budget cannot be split over no prompts")
+        return p
+    if not np.all(np.isfinite(p)):
+        raise ValueError("p must be finite")
+    why = check_budget(p.size, budget, lo, hi)
+    if why:
+        raise ValueError(why)
+    return np.clip(p, 0.0, 1.0)
+
+
+def _fix_sum(r: np.ndarray, priority: np.ndarray, budget: int, lo: int, hi: int) -> np.ndarray:
+    """Add (or remove) single rollouts, highest (lowest) priority first, until the
+    sum is the budget, never leaving [lo, hi]. Ties by index. Each round touches
+    every eligible item at most once, so rounds ≤ ⌈|diff| / eligible⌉."""
+    r = r.copy()
+    idx = np.arange(r.size)
+    while True:
+        diff = int(budget - r.sum())
+        if diff == 0:
+            return r
+        if diff > 0:
+            ok = np.flatnonzero(r < hi)
+            take = ok[np.lexsort((idx[ok], -priority[ok]))][:diff]
+            r[take] += 1
+        else:
+            ok = np.flatnonzero(r > lo)
+            take = ok[np.lexsort((idx[ok], priority[ok]))][:-diff]
+            r[take] -= 1
+
+
+def proportional(w: np.ndarray, budget: int, lo: int, hi: int) -> np.ndarray:
+    """rᵢ ≈ c·wᵢ clipped to [lo, hi], c chosen so the clipped sum is the budget
+    (exact water-filling over the sorted breakpoints lo/wᵢ and hi/wᵢ,
+    O(B log B)); then largest-remainder rounding to integers. Items with wᵢ = 0
+    get lo. Monotone: a larger weight never gets fewer rollouts (ties in the
+    fractional part go to the lower index)."""
+    w = np.asarray(w, np.float64)
+    B = w.size
+    if B == 0:
+        return np.zeros(0, np.int64)
+    if budget <= B * lo:
+        return np.full(B, lo, np.int64)
+    if budget >= B * hi:
+        return np.full(B, hi, np.int64)
+    pos = w > 0
+    if not pos.any():
+        raise ValueError("all weights are zero: cannot spread a budget above B·lo")
+    wp = w[pos]
+    # f(c) = Σ clip(c·wᵢ, lo, hi) is continuous, piecewise linear and non-decreasing.
+    at = np.concatenate([lo / wp, hi / wp])
+    d_slope = np.concatenate([wp, -wp])
+    d_const = np.concatenate([np.full(wp.size, -float(lo)), np.full(wp.size, float(hi))])
+    order = np.argsort(at, kind="stable")
+    at, d_slope, d_const = at[order], d_slope[order], d_const[order]
+    const = B * float(lo) + np.cumsum(d_const)
+    slope = np.cumsum(d_slope)
+    f = const + slope * at  # f at each breakpoint, after its event
+    k = int(np.searchsorted(f, budget, side="left"))  # first breakpoint with f ≥ budget
+    if k == 0 or k >= at.size:
+        c = at[min(k, at.size - 1)]
+    else:
+        s = slope[k - 1]
+        c = (budget - const[k - 1]) / s if s > 0 else at[k]
+    x = np.clip(c * w, lo, hi)
+    r = np.floor(x + 1e-9).astype(np.int64)
+    r = np.clip(r, lo, hi)
+    frac = x - r
+    # Priority for the remainder: fractional part, then the weight itself.
+    return _fix_sum(r, frac + 1e-12 * (w / w.max()), budget, lo, hi)
+
+
+def _top_gains(gains: np.ndarray, count: int) -> np.ndarray:
+    """Per item, how many of its (non-increasing) marginal gains are among the
+    ``count`` largest entries of ``gains`` (shape (H, B), row r = the gain of an
+    item's (lo+r+1)-th rollout). Ties by r, then item: a prefix per item."""
+    H, B = gains.shape
+    if count <= 0 or H == 0:
+        return np.zeros(B, np.int64)
+    flat = gains.reshape(-1)
+    count = min(count, flat.size)
+    if count < flat.size:
+        sel = np.argpartition(-flat, count - 1)[:count]
+        kth = flat[sel].min()
+        above = np.flatnonzero(flat > kth)
+        tied = np.flatnonzero(flat == kth)[: count - above.size]  # lowest (r, i) first
+        sel = np.concatenate([above, tied])
+    else:
+        sel = np.arange(flat.size)
+    return np.bincount(sel % B, minlength=B).astype(np.int64)
+
+
+def _informative_gains(p: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """(hi−lo, B): gᵣ = f(lo+r+1) − f(lo+r), f(k) = 1 − pᵏ − (1−p)ᵏ, i.e.
+    pᵏ(1−p) + (1−p)ᵏ·p at k = lo + r. Non-increasing in r for every p
+    (both terms are a power times a constant ≤ 1): f is concave."""
+    H = hi - lo
+    q = 1.0 - p
+    ks = np.arange(lo, hi, dtype=np.float64)[:, None]
+    pk = p[None, :] ** ks
+    qk = q[None, :] ** ks
+    g = pk * q[None, :] + qk * p[None, :]
+    # Guard the proof against floating-point wobble in ** (a no-op mathematically).
+    return np.minimum.accumulate(g, axis=0) if H else g
+
+
+# -- allocators ---------------------------------------------------------------------------
+def neyman(p: np.ndarray, budget: int, lo: int, hi: int, floor: float = 1e-3) -> np.ndarray:
+    """Neyman (square-root) allocation rᵢ ∝ max(√(pᵢ(1−pᵢ)), floor): minimises
+    Σ σᵢ²/rᵢ for σᵢ² = pᵢ(1−pᵢ). The floor keeps p ∈ {0, 1} proportional to a
+    tiny weight, so they get lo unless the budget forces more, and makes an
+    all-solved batch split equally."""
+    p = _validate(p, budget, lo, hi)
+    if p.size == 0:
+        return np.zeros(0, np.int64)
+    return proportional(np.maximum(np.sqrt(p * (1.0 - p)), floor), budget, lo, hi)
+
+
+def inverse_success(p: np.ndarray, budget: int, lo: int, hi: int, eps: float = 0.01) -> np.ndarray:
+    """sGPO group size rᵢ ∝ 1/max(p̂ᵢ, ε) (the expected rollouts to see one
+    success), clipped and rounded like :func:`neyman`. Dropping trivial prompts
+    and sub-sampling unsolvable ones is the selection rule's job, not this."""
+    if eps <= 0:
+        raise ValueError("eps must be > 0")
+    p = _validate(p, budget, lo, hi)
+    if p.size == 0:
+        return np.zeros(0, np.int64)
+    return proportional(1.0 / np.maximum(p, eps), budget, lo, hi)
+
+
+def informative_objective(p: np.ndarray, r: np.ndarray) -> float:
+    """Σ 1 − pᵢ^rᵢ − (1−pᵢ)^rᵢ: expected number of informative groups."""
+    p = np.asarray(p, np.float64)
+    r = np.asarray(r, np.float64)
+    return float(np.sum(1.0 - p**r - (1.0 - p) ** r))
+
+
+def greedy_informative(p: np.ndarray, budget: int, lo: int, hi: int) -> np.ndarray:
+    """Maximise the expected number of informative groups Σ 1 − pᵢ^rᵢ − (1−pᵢ)^rᵢ.
+
+    Start every prompt at lo and hand out the remaining budget − B·lo
+    rollouts by largest marginal gain. Because each prompt's gains are
+    non-increasing in r (the objective is separable and concave), the greedy
+    answer is optimal, and it equals taking the budget − B·lo largest entries
+    of the (hi−lo, B) gain table at once (argpartition, O(B·(hi−lo)))."""
+    p = _validate(p, budget, lo, hi)
+    if p.size == 0:
+        return np.zeros(0, np.int64)
+    B = p.size
+    extra = _top_gains(_informative_gains(p, lo, hi), budget - B * lo)
+    return lo + extra
+
+
+def knapsack_value(k: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Knapsack-RL value of k rollouts: (1 − pᵏ − (1−p)ᵏ)·p(1−p)²."""
+    k = np.asarray(k, np.float64)
+    p = np.asarray(p, np.float64)
+    return (1.0 - p**k - (1.0 - p) ** k) * p * (1.0 - p) ** 2
+
+
+def knapsack(
+    p: np.ndarray,
+    budget: int,
+    lo: int,
+    hi: int,
+    value=knapsack_value,
+    approximate: bool = False,
+) -> np.ndarray:
+    """Knapsack-RL (arXiv 2509.25849): maximise Σ V(rᵢ, pᵢ) subject to Σ rᵢ =
+    budget, lo ≤ rᵢ ≤ hi (lo = 2 in the paper). ``value(k, p)`` is vectorised;
+    ``value(k[:, None], p[None, :])`` must give a (len(k), B) table.
+
+    Exact. Let H = hi − lo and C = budget − B·lo extra rollouts. Prompts whose
+    marginal gains V(k+1) − V(k) are non-increasing in k (concave; this
+    includes every prompt under the default V, which is a constant times the
+    concave 1 − pᵏ − (1−p)ᵏ) are solved together by greedy: the best value of
+    c extra rollouts among them is the sum of their c largest gains, G(c).
+    The remaining, non-concave prompts go through a DP over the budget,
+    dp[c] = max_x dp'[c − x] + Vᵢ(lo + x), vectorised over (c, x) with a
+    sliding window, starting from dp = G. Cost: O(B·H log) for the concave
+    part plus O(B_nc·C·H) time and O(B_nc·C) memory for the DP (B_nc =
+    non-concave prompts); with the default V the DP is skipped.
+
+    ``approximate=True`` uses the greedy for every prompt (optimal only for
+    concave ones).
+    """
+    p = _validate(p, budget, lo, hi)
+    if p.size == 0:
+        return np.zeros(0, np.int64)
+    B = p.size
+    H = hi - lo
+    C = budget - B * lo
+    ks = np.arange(lo, hi + 1, dtype=np.float64)
+    try:
+        V = np.broadcast_to(np.asarray(value(ks[:, None], p[None, :]), np.float64), (H + 1, B))
+    except ValueError as exc:
+        raise ValueError("value(k[:, None], p[None, :]) must broadcast to a (len(k), B) table") from exc
+    if not np.all(np.isfinite(V)):
+        raise ValueError("value(k, p) must be finite")
+    gains = np.diff(V, axis=0)  # (H, B)
+    concave = np.all(np.diff(gains, axis=0) <= 1e-12 * np.abs(V).max(initial=1.0), axis=0)
+    if approximate or concave.all():
+        g = np.minimum.accumulate(gains, axis=0) if approximate else gains
+        return lo + _top_gains(g, C)
+
+    cv = np.flatnonzero(concave)
+    nc = np.flatnonzero(~concave)
+    # G(c): best value from the concave prompts with c extra rollouts.
+    gc = gains[:, cv].reshape(-1)
+    gsorted = -np.sort(-gc)
+    neg = -np.inf
+    G = np.full(C + 1, neg)
+    m = min(C, gsorted.size)
+    G[0] = 0.0
+    G[1 : m + 1] = np.cumsum(gsorted[:m])
+    # DP over the non-concave prompts; choice[j, c] = extra rollouts of prompt nc[j].
+    dp = G
+    choice = np.zeros((nc.size, C + 1), np.int32)
+    for j, i in enumerate(nc):
+        v = V[:, i] - V[0, i]
+        padded = np.concatenate([np.full(H, neg), dp])
+        win = np.lib.stride_tricks.sliding_window_view(padded, H + 1)  # win[c, t] = dp[c − H + t]
+        cand = win + v[::-1]  # t ↔ x = H − t
+        t = np.argmax(cand[:, ::-1], axis=1)  # ::-1 again: smallest x among ties
+        choice[j] = t
+        dp = np.take_along_axis(cand[:, ::-1], t[:, None], axis=1)[:, 0]
+    if not np.isfinite(dp[C]):
+        raise ValueError("no feasible allocation")  # unreachable after _validate
+    r = np.full(B, lo, np.int64)
+    c = C
+    for j in range(nc.size - 1, -1, -1):
+        x = int(choice[j, c])
+        r[nc[j]] += x
+        c -= x
+    r[cv] += _top_gains(gains[:, cv], c)
+    return r
+
+
+def vigor_expand(variance: np.ndarray, rollouts: np.ndarray, alpha: float = 0.25, gamma: float = 4.0) -> np.ndarray:
+    """One VIGOR round: the top fraction α of groups by observed variance get
+    their rollouts multiplied by γ (αγ = 1 keeps the round's spend equal to the
+    current total). Returns the extra rollouts per group (0 for the rest);
+    ties by lower index."""
+    if not 0.0 < alpha <= 1.0 or gamma < 1.0:
+        raise ValueError("need 0 < alpha ≤ 1 and gamma ≥ 1")
+    v = np.asarray(variance, np.float64)
+    r = np.asarray(rollouts, np.int64)
+    k = int(np.ceil(alpha * v.size)) if v.size else 0
+    extra = np.zeros(v.size, np.int64)
+    if k:
+        top = np.lexsort((np.arange(v.size), -v))[:k]
+        extra[top] = np.round(r[top] * (gamma - 1.0)).astype(np.int64)
+    return extra
