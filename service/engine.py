@@ -36,7 +36,17 @@ from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
 from .storage.db import write_session
-from .storage.models import Plan, PlanItem, Prompt, Report, Result, Run, RunStep, StrategyChange
+from .storage.models import (
+    Plan,
+    PlanExtension,
+    PlanItem,
+    Prompt,
+    Report,
+    Result,
+    Run,
+    RunStep,
+    StrategyChange,
+)
 
 
 WARM_START_MAX_STRENGTH = 20.0
@@ -433,10 +443,84 @@ class Engine:
             out = self._plan_out(ctx, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
         return True, out
 
+    def extend(self, run_id: str, plan_id: str, body: schemas.ExtendIn) -> tuple[bool, schemas.ExtendOut]:
+        """The commit phase of a two-phase plan: extra rollouts for the prompts whose
+        pilot groups (the reports that named this plan) were most informative."""
+        if body.extra_budget > self.settings.max_rollout_budget:
+            raise TooLarge(f"extra_budget: {body.extra_budget} exceeds the limit of {self.settings.max_rollout_budget}")
+        with write_session(self.sessions, run_id) as s:
+            run = self.get_run(s, run_id)
+            plan = s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run.pk))
+            if plan is None:
+                raise NotFound(f"plan {plan_id!r} is not in run {run_id!r}")
+            ctx = self.context(s, run)
+            done = s.get(PlanExtension, plan_id)
+            if done is not None:
+                if done.extra_budget != body.extra_budget:
+                    raise Conflict(
+                        f"plan {plan_id!r} was already extended with extra_budget={done.extra_budget}; "
+                        "a plan is extended once"
+                    )
+                return False, self._extension_out(s, ctx, plan, done.extra_budget)
+            items = s.execute(
+                select(PlanItem.prompt_ordinal, PlanItem.rollouts)
+                .where(PlanItem.plan_id == plan.id, PlanItem.phase == 0)
+                .order_by(PlanItem.position)
+            ).all()
+            ords = np.array([r[0] for r in items], np.int64)
+            planned = np.array([r[1] for r in items], np.int64)
+            pilot = s.execute(
+                select(Result.prompt_ordinal, func.sum(Result.n), func.sum(Result.reward_sum))
+                .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+                .where(Report.run_pk == run.pk, Report.plan_id == plan.id)
+                .group_by(Result.prompt_ordinal)
+            ).all()
+            if not pilot:
+                raise Conflict(
+                    f"plan {plan_id!r} has no pilot results yet: report them (with this plan_id) before extending"
+                )
+            lo, hi = ctx.reward_range
+            pos = {o: i for i, o in enumerate(ords.tolist())}
+            n = np.zeros(ords.size)
+            k = np.zeros(ords.size)
+            for o, nn, rs in pilot:
+                if o in pos:
+                    n[pos[o]] = nn
+                    k[pos[o]] = (rs - nn * lo) / (hi - lo)
+            room = np.maximum(run.settings["max_rollouts"] - planned, 0)
+            with ctx.lock:
+                extra = ctx.strategy.extend(ctx.pool, ords, n, k, body.extra_budget, room)
+                pred = ctx.strategy.predict(ctx.pool, ords, plan.step)
+            s.add(PlanExtension(plan_id=plan.id, extra_budget=body.extra_budget))
+            sel = np.flatnonzero(extra > 0)
+            if sel.size:
+                s.execute(
+                    insert(PlanItem),
+                    [
+                        {"plan_id": plan.id, "position": plan.batch_size + j, "prompt_ordinal": int(ords[i]),
+                         "rollouts": int(extra[i]), "predicted_pass_rate": float(pred[i]), "phase": 1}
+                        for j, i in enumerate(sel.tolist())
+                    ],
+                )
+            s.flush()
+            return True, self._extension_out(s, ctx, plan, body.extra_budget)
+
+    def _extension_out(self, s: Session, ctx: RunContext, plan: Plan, extra_budget: int) -> schemas.ExtendOut:
+        rows = s.execute(
+            select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
+            .where(PlanItem.plan_id == plan.id, PlanItem.phase == 1)
+            .order_by(PlanItem.position)
+        ).all()
+        items = [schemas.PlanItemOut(prompt_id=ctx.ids[o], rollouts=r, predicted_pass_rate=p) for o, r, p in rows]
+        return schemas.ExtendOut(
+            plan_id=plan.id, step=plan.step, extra_budget=extra_budget, allocated=sum(i.rollouts for i in items),
+            items=items,
+        )
+
     def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> schemas.PlanOut:
         rows = s.execute(
             select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
-            .where(PlanItem.plan_id == plan.id)
+            .where(PlanItem.plan_id == plan.id, PlanItem.phase == 0)
             .order_by(PlanItem.position)
         ).all()
         o, r, p = (list(c) for c in zip(*rows))
@@ -587,6 +671,7 @@ class Engine:
         with ctx.lock:
             pool = ctx.pool
             a, b = pool.posterior(o)
+            pred = ctx.strategy.predict(pool, o, pool.step + 1)
             n = pool.rollouts[o]
             g = pool.groups[o]
             rs = pool.reward_sum[o]
@@ -605,7 +690,7 @@ class Engine:
                     "rollouts": ni,
                     "groups": int(g[i]),
                     "mean_reward": float(lo + (hi - lo) * rs[i] / ni) if ni else None,
-                    "predicted_pass_rate": float(a[i] / (a[i] + b[i])),
+                    "predicted_pass_rate": float(pred[i]),
                     "pass_rate_interval": (float(ci_lo[i]), float(ci_hi[i])),
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,

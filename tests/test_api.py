@@ -11,7 +11,9 @@ PROBLEM = "application/problem+json"
 
 
 def make_run(client, run_id="run-1", n_prompts=50, **settings):
-    r = client.put(f"/v1/runs/{run_id}", json={"rollouts_per_prompt": 8, **settings})
+    settings.setdefault("strategy", {"name": "beta"})  # estimates checked against MoPPS numbers
+    settings.setdefault("rollouts_per_prompt", 8)
+    r = client.put(f"/v1/runs/{run_id}", json=settings)
     assert r.status_code == 201, r.text
     if n_prompts:
         prompts = [{"id": f"set/{i}", "domain": ["math", "code"][i % 2]} for i in range(n_prompts)]
@@ -38,13 +40,13 @@ def test_put_run_create_attach_conflict(client):
     assert r.status_code == 201
     run = r.json()
     assert run["id"] == "exp.1:a-b_c"
-    assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["forgetting"] == 0.5
+    assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["candidate_multiplier"] == 64
     assert (run["rollouts_per_prompt"], run["min_rollouts"], run["max_rollouts"]) == (8, 2, 64)
     assert run["metadata"] == {"model": "qwen2.5-7b"}
     assert run["stats"] == {"prompts": 0, "steps": 0, "plans": 0, "results": 0, "rollouts": 0, "informative_rollouts": 0}
 
     # Same settings: attach (200). Explicit default params are the same settings.
-    body2 = {**body, "strategy": {"name": "default", "params": {"forgetting": 0.5}}}
+    body2 = {**body, "strategy": {"name": "default", "params": {"candidate_multiplier": 64}}}
     assert client.put("/v1/runs/exp.1:a-b_c", json=body2).status_code == 200
     # Different settings: 409 naming what differs.
     assert_problem(client.put("/v1/runs/exp.1:a-b_c", json={**body, "rollouts_per_prompt": 16}), 409,
@@ -62,7 +64,7 @@ def test_put_run_omitted_strategy_is_default(client):
     "body, needle",
     [
         ({"strategy": {"name": "nope"}}, "strategy.name"),
-        ({"strategy": {"name": "default", "params": {"forgetting": 2}}}, "forgetting"),
+        ({"strategy": {"name": "beta", "params": {"forgetting": 2}}}, "forgetting"),
         ({"strategy": {"name": "default", "params": {"bogus": 1}}}, "bogus"),
         ({"rollouts_per_prompt": 0}, "rollouts_per_prompt"),
         ({"rollouts_per_prompt": 8, "min_rollouts": 9}, "min_rollouts"),
@@ -176,7 +178,7 @@ def test_body_size_limit(make_client):
 
 # -- plans --------------------------------------------------------------------------
 def test_plan_contract(client):
-    make_run(client, min_rollouts=2, max_rollouts=64)
+    make_run(client, min_rollouts=2, max_rollouts=64, strategy={"name": "default"})
     r = client.post("/v1/runs/run-1/plans", json={"batch_size": 8, "rollout_budget": 70, "step": 17})
     assert r.status_code == 201, r.text
     plan = r.json()
@@ -204,7 +206,8 @@ def test_first_plan_without_step_is_step_zero(client):
     assert client.post("/v1/runs/run-1/plans", json={"batch_size": 2}).json()["step"] == 0
 
 
-@pytest.mark.parametrize("strategy", ["uniform", "default", "beta"])
+@pytest.mark.parametrize("strategy", sorted(__import__("rollplan.service.scheduling.strategies",
+                                                         fromlist=["REGISTRY"]).REGISTRY))
 def test_plan_whole_pool(client, strategy):
     make_run(client, n_prompts=10, strategy={"name": strategy})
     plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 10}).json()
@@ -428,7 +431,7 @@ def test_late_report_is_used_down_weighted(client):
 
 
 def test_change_strategy_mid_run(client):
-    make_run(client)
+    make_run(client, strategy={"name": "default"})
     client.post("/v1/runs/run-1/plans", json={"batch_size": 4, "step": 0})
     r = client.post("/v1/runs/run-1/strategy", json={"strategy": {"name": "uniform"}})
     assert r.status_code == 200, r.text
@@ -470,3 +473,37 @@ def test_warm_start_from_earlier_run(client):
     assert got["set/4"]["predicted_pass_rate"] == 0.5  # the client's prior wins
     lo, hi = got["set/1"]["pass_rate_interval"]
     assert lo < got["set/1"]["predicted_pass_rate"] < hi
+
+
+def test_pilot_commit_extend(client):
+    make_run(client, n_prompts=40, strategy={"name": "pilot_commit"}, max_rollouts=32)
+    plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 6, "rollout_budget": 24, "step": 0}).json()
+    ids = [i["prompt_id"] for i in plan["items"]]
+    extend = lambda b: client.post(f"/v1/runs/run-1/plans/{plan['plan_id']}/extend", json={"extra_budget": b})  # noqa: E731
+    assert_problem(extend(30), 409, "pilot")  # nothing reported yet
+    pilot = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 0, 0]]
+    assert report(client, "pilot", 0, list(zip(ids, pilot)), plan_id=plan["plan_id"]).status_code == 200
+    r = extend(30)
+    assert r.status_code == 201, r.text
+    ext = r.json()
+    got = {i["prompt_id"]: i["rollouts"] for i in ext["items"]}
+    # Kept: pilot pass rate in [0.125, 0.75]; unsolved (0/4) and too easy (4/4) get nothing.
+    assert set(got) == {ids[0], ids[1], ids[4], ids[5]}
+    assert sum(got.values()) == ext["allocated"] == 30
+    assert all(4 + r <= 32 for r in got.values())
+    again = extend(30)
+    assert again.status_code == 200 and again.json() == ext
+    assert_problem(extend(10), 409, "already extended")
+    assert_problem(client.post("/v1/runs/run-1/plans/nope/extend", json={"extra_budget": 5}), 404)
+    assert_problem(client.post(f"/v1/runs/run-1/plans/{plan['plan_id']}/extend", json={"extra_budget": 0}), 422)
+    # The plan itself is unchanged.
+    assert client.post("/v1/runs/run-1/plans", json={"batch_size": 6, "rollout_budget": 24, "step": 0}).json() == plan
+
+
+def test_extend_caps_at_max_rollouts(client):
+    make_run(client, n_prompts=10, strategy={"name": "pilot_commit"}, max_rollouts=6, rollouts_per_prompt=4)
+    plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 2, "rollout_budget": 8, "step": 0}).json()
+    ids = [i["prompt_id"] for i in plan["items"]]
+    report(client, "p", 0, [(ids[0], [1, 0, 0, 1]), (ids[1], [0, 1, 0, 0])], plan_id=plan["plan_id"])
+    ext = client.post(f"/v1/runs/run-1/plans/{plan['plan_id']}/extend", json={"extra_budget": 100}).json()
+    assert ext["allocated"] == 4 and all(i["rollouts"] == 2 for i in ext["items"])

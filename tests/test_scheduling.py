@@ -186,14 +186,14 @@ def test_million_prompt_pool(name):
 
 
 def test_beta_prefers_informative_prompts():
-    """Against known pass rates, default picks far more prompts near p = 0.5 than uniform."""
+    """Against known pass rates, beta picks far more prompts near p = 0.5 than uniform."""
     size = 2000
     pool = make_pool(size, forgetting=1.0)
     p = np.linspace(0, 1, size)
     rng = np.random.default_rng(3)
     # 64 rollouts of history for each prompt.
     pool.observe(obs(np.arange(size), 64, rng.binomial(64, p).astype(float)))
-    picked_default = p[_plan("default", pool, 100, 800).ordinals]
+    picked_default = p[_plan("beta", pool, 100, 800).ordinals]
     picked_uniform = p[_plan("uniform", pool, 100, 800).ordinals]
     informative = lambda q: np.mean(1 - q**8 - (1 - q) ** 8)  # noqa: E731
     assert informative(picked_default) > 0.95
@@ -263,3 +263,89 @@ def test_group_abs_advantage():
         ref = 0.0 if g.std() == 0 else np.mean(np.abs((g - g.mean()) / g.std()))
         assert v == pytest.approx(ref)
     assert got[0] == pytest.approx(2 * np.sqrt(0.25 * 0.75))  # binary: 2√(p(1−p))
+
+
+# -- behaviour of the composed strategies -------------------------------------------
+def _world(name, size=3000, domains=3, steps=30, batch=64, seed=0):
+    """Feed a strategy groups from fixed true pass rates; return the pool and the truth."""
+    pool = make_pool(size, strategy=name)
+    dom = (np.arange(size) % domains).astype(np.int32)
+    pool.set_prompts(np.arange(size), dom, np.full(size, np.nan))
+    rng = np.random.default_rng(seed)
+    # Domain 0 all solved, domain 1 all unsolved, domain 2 mixed around 0.5.
+    truth = np.where(dom == 0, 1.0, np.where(dom == 1, 0.0, rng.uniform(0.3, 0.7, size)))
+    for step in range(steps):
+        d = _plan(name, pool, batch, batch * 8, step=step)
+        k = rng.binomial(d.rollouts, truth[d.ordinals]).astype(float)
+        pool.observe(obs(d.ordinals, d.rollouts, k, step))
+    return pool, truth, dom
+
+
+@pytest.mark.parametrize("name", ["default", "frontier", "beta", "dps", "dump", "sec", "knapsack"])
+def test_strategies_learn_where_the_signal_is(name):
+    """After some steps every adaptive strategy plans mostly from the informative domain."""
+    pool, truth, dom = _world(name)
+    d = _plan(name, pool, 64, 512, step=30)
+    share = np.mean(dom[d.ordinals] == 2)
+    uniform_share = 1 / 3
+    assert share > uniform_share + 0.2, share
+
+
+def test_dump_weights_favour_informative_arm():
+    pool, truth, dom = _world("dump")
+    w = pool.trackers["arms"].weights(pool.n_domains)
+    assert np.argmax(w) == 2 and w[2] > 0.9
+
+
+def test_gdro_weights_favour_the_middle_bin():
+    pool, truth, dom = _world("gdro")
+    w = pool.trackers["gdro"].gdro.weights()
+    assert np.argmax(w) == 1  # pass rates in [0.4, 0.75): where the |advantage| is
+    # Its multiplicative weights are deliberately soft (η = 0.65, γ = 0.01).
+    assert w[1] > 1 / 3
+
+
+def test_greso_skips_streaky_prompts():
+    pool, truth, dom = _world("greso", steps=40)
+    tr = pool.trackers["greso"]
+    seen = np.flatnonzero(pool.groups > 0)
+    streaky = seen[dom[seen] != 2]
+    mixed = seen[dom[seen] == 2]
+    assert tr.skip_prob(streaky).mean() > tr.skip_prob(mixed).mean() + 0.2
+
+
+def test_adarft_target_follows_reward():
+    pool = make_pool(100, strategy="adarft")
+    t0 = pool.trackers["adarft"].T
+    pool.observe(obs(np.arange(10), 8, np.full(10, 8.0)))  # everything solved: make it harder
+    assert pool.trackers["adarft"].T > t0
+
+
+def test_e2h_moves_from_easy_to_hard():
+    strategy = strat.build("e2h", {"total_steps": 100, "levels": 3, "schedule": "gaussian"})
+    pool = strategy.make_pool()
+    pool.set_prompts(np.arange(300), np.zeros(300, np.int32), np.repeat([0.9, 0.5, 0.1], 100))
+    req = lambda t: strat.PlanRequest(30, 240, 1, 64, t)  # noqa: E731
+    early = strategy.plan(pool, req(0), strat.plan_rng("r", 0, "e2h")).ordinals
+    late = strategy.plan(pool, req(100), strat.plan_rng("r", 100, "e2h")).ordinals
+    assert np.mean(early < 100) > 0.7  # the easy third first
+    assert np.mean(late >= 200) > 0.7  # the hard third last
+
+
+def test_allocators_in_strategies():
+    pool, truth, dom = _world("knapsack")
+    d = _plan("knapsack", pool, 64, 64 * 8, step=30, lo=2, hi=32)
+    assert d.rollouts.sum() == 512 and d.rollouts.min() >= 2 and d.rollouts.max() <= 32
+    assert d.rollouts.std() > 0  # the budget is not split equally
+
+
+def test_extend_keeps_the_pilot_band():
+    s = strat.build("pilot_commit", {})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(5), np.zeros(5, np.int32), np.full(5, np.nan))
+    n = np.full(5, 8.0)
+    k = np.array([0.0, 1.0, 4.0, 6.0, 8.0])  # rates 0, 0.125, 0.5, 0.75, 1
+    pool.observe(obs(np.arange(5), 8, k))
+    extra = s.extend(pool, np.arange(5), n, k, 20, np.full(5, 10))
+    assert extra[0] == 0 and extra[4] == 0 and extra.sum() == 20 and extra.max() <= 10
+    assert extra[2] >= extra[1]

@@ -174,6 +174,18 @@ class PlanOut(BaseModel):
     items: list[PlanItemOut]
 
 
+class ExtendIn(Strict):
+    extra_budget: int = Field(..., ge=1, description="Rollouts to add on top of the pilot.")
+
+
+class ExtendOut(BaseModel):
+    plan_id: str
+    step: int
+    extra_budget: int
+    allocated: int = Field(description="Rollouts given out (less than extra_budget when few prompts qualify).")
+    items: list[PlanItemOut] = Field(description="Prompts that get extra rollouts, and how many more.")
+
+
 # -- results ----------------------------------------------------------------------
 class GroupIn(Strict):
     prompt_id: PromptId

@@ -181,6 +181,29 @@ def create_plan(run_id: RunIdPath, body: schemas.PlanIn, engine: EngineDep, resp
     return plan
 
 
+@router.post(
+    "/runs/{run_id}/plans/{plan_id}/extend",
+    response_model=schemas.ExtendOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": schemas.ExtendOut, "description": "The stored extension"}, **RESPONSES},
+    tags=["plans"],
+)
+def extend_plan(
+    run_id: RunIdPath,
+    plan_id: Annotated[str, Path(max_length=64)],
+    body: schemas.ExtendIn,
+    engine: EngineDep,
+    response: Response,
+):
+    """Two-phase plans (Pilot-Commit / VIGOR): after the pilot rewards of a plan are
+    reported (with its `plan_id`), add `extra_budget` rollouts to the prompts whose pilot
+    groups were most informative. Once per plan; the same call again returns it (200)."""
+    created, out = engine.extend(run_id, plan_id, body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return out
+
+
 # -- results --------------------------------------------------------------------------
 @router.post("/runs/{run_id}/results", response_model=schemas.ResultsAck, responses=RESPONSES, tags=["results"])
 def report_results(run_id: RunIdPath, body: schemas.ResultsIn, engine: EngineDep):

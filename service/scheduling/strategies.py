@@ -2,9 +2,15 @@
 rollout allocator. Each has a pydantic ``Params`` model (validated: a bad value
 is a 422) and a ``plan`` that is pure and vectorised over the pool.
 
-A strategy never keeps state of its own: everything it reads is in the
-``PoolState``, which is derived from the reward log, so a plan depends only on
-(the log, the request, the seed) — the same after a restart.
+A strategy keeps no state of its own: everything it reads is in the
+``PoolState`` (and its trackers), which is derived from the reward log, so a
+plan depends only on (the log, the request, the seed) — the same after a
+restart, and the same on every replica.
+
+Two-phase plans (pilot/commit): every strategy can ``extend`` a plan once its
+pilot rewards are in (``POST /v1/runs/{run}/plans/{plan_id}/extend``); the
+default rule is Pilot-Commit's keep band on the pilot pass rate, then the
+greedy informative-group allocator over the kept prompts.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import allocation
+from . import allocation, bandits, selection
 from .hmm import SolveStateHMM
-from .irt import SkillDifficultyModel, prior_logit
+from .irt import SkillDifficultyModel
 from .pool import PoolState
+from .trackers import AdaRFTTracker, ArmBandit, GDROTracker, GRESOTracker, HMMTracker, SkillTracker
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,24 @@ def plan_rng(run_id: str, step: int, strategy: str) -> np.random.Generator:
     return np.random.default_rng(np.frombuffer(digest, dtype=np.uint32))
 
 
+ALLOCATORS = ("equal", "greedy_informative", "neyman", "inverse_success", "knapsack")
+Allocator = Literal["equal", "greedy_informative", "neyman", "inverse_success", "knapsack"]
+
+
+def allocate(kind: str, p: np.ndarray, req: PlanRequest) -> np.ndarray:
+    """Split the plan's budget over the chosen prompts (in rank order) with ``kind``."""
+    B, budget, lo, hi = p.size, req.rollout_budget, req.min_rollouts, req.max_rollouts
+    if kind == "equal":
+        return allocation.equal(B, budget, lo, hi)
+    fn = {
+        "greedy_informative": allocation.greedy_informative,
+        "neyman": allocation.neyman,
+        "inverse_success": allocation.inverse_success,
+        "knapsack": allocation.knapsack,
+    }[kind]
+    return np.asarray(fn(np.clip(p, 1e-6, 1 - 1e-6), budget, lo, hi), np.int64)
+
+
 class Strategy:
     name: ClassVar[str]
     description: ClassVar[str]
@@ -56,17 +81,60 @@ class Strategy:
     def __init__(self, params: StrategyParams) -> None:
         self.params = params
 
-    def pool_options(self) -> dict:
-        """Estimator hyperparameters the run's PoolState is built with."""
-        return {}
-
     def make_pool(self) -> PoolState:
-        return PoolState(**self.pool_options())
+        """The run's pool state, with the estimators and trackers this strategy reads."""
+        return PoolState()
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         raise NotImplementedError
 
+    def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
+        """Predicted pass rates (for plans, calibration and the API)."""
+        return pool.predicted_pass_rate(idx)
 
+    def inspect(self, pool: PoolState) -> dict:
+        """The strategy's run-level state, for the API (bandit weights …)."""
+        out: dict = {}
+        for t in pool.trackers.values():
+            out.update(t.inspect())
+        return out
+
+    def extend(
+        self,
+        pool: PoolState,
+        ordinals: np.ndarray,
+        pilot_n: np.ndarray,
+        pilot_k: np.ndarray,
+        extra: int,
+        hi: np.ndarray,
+    ) -> np.ndarray:
+        """Extra rollouts per plan prompt after its pilot (Pilot-Commit): prompts whose
+        pilot pass rate is in [0.125, 0.75] are kept, the rest (too easy, unsolved,
+        not reported) get none. The extra budget goes to the kept ones to minimise the
+        variance of the gradient estimate Σ σᵢ²/nᵢ, σᵢ² = pᵢ(1−pᵢ) from the posterior
+        (which includes the pilot) and nᵢ = pilot + extra: greedy on the marginal gains
+        σᵢ²/(n(n+1)), which decrease in n, so greedy is optimal (Neyman allocation given
+        the pilot counts). Each prompt stays within its remaining room ``hi``.
+        Returns an int64 array summing to min(extra, total room of the kept)."""
+        out = np.zeros(ordinals.size, np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(pilot_n > 0, pilot_k / np.maximum(pilot_n, 1), np.nan)
+        keep = np.flatnonzero((rate >= 0.125) & (rate <= 0.75) & (hi > 0))
+        if keep.size == 0 or extra <= 0:
+            return out
+        room = hi[keep]
+        budget = int(min(extra, room.sum()))
+        p = np.clip(self.predict(pool, ordinals[keep], pool.step + 1), 1e-6, 1 - 1e-6)
+        cap = int(room.max())
+        n = pilot_n[keep][:, None] + np.arange(cap)[None, :]
+        gains = (p * (1 - p))[:, None] / np.maximum(n * (n + 1), 1)
+        gains = np.where(np.arange(cap)[None, :] < room[:, None], gains, -np.inf)
+        flat = np.argsort(-gains, axis=None, kind="stable")[:budget]
+        np.add.at(out, keep[flat // cap], 1)
+        return out
+
+
+# -- uniform ------------------------------------------------------------------------
 class Uniform(Strategy):
     name = "uniform"
     description = "Plain random sampling without replacement; equal rollouts per prompt."
@@ -77,6 +145,7 @@ class Uniform(Strategy):
         return PlanDecision(chosen, rollouts, pool.predicted_pass_rate(chosen))
 
 
+# -- per-prompt Beta (MoPPS) --------------------------------------------------------
 class BetaParams(StrategyParams):
     forgetting: float = Field(
         0.5, gt=0.0, le=1.0, description="λ: weight kept by old evidence at each new observation (MoPPS: 0.5)."
@@ -93,6 +162,7 @@ class BetaParams(StrategyParams):
         description="Shrink prompts with little history toward their domain's pass-rate distribution "
         "(empirical Bayes) instead of Beta(1,1).",
     )
+    allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
 
 
 class BetaThompson(Strategy):
@@ -104,43 +174,22 @@ class BetaThompson(Strategy):
     )
     Params = BetaParams
 
-    def pool_options(self) -> dict:
+    def make_pool(self) -> PoolState:
         p: BetaParams = self.params  # type: ignore[assignment]
-        return {"forgetting": p.forgetting, "prior_strength": p.prior_strength, "hierarchical": p.hierarchical}
+        return PoolState(forgetting=p.forgetting, prior_strength=p.prior_strength, hierarchical=p.hierarchical)
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: BetaParams = self.params  # type: ignore[assignment]
         B = req.batch_size
-        cand = candidates(pool.size, B, p.candidate_multiplier, rng)
+        cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         a, b = pool.posterior(cand)
         theta = rng.beta(a, b) if p.thompson else a / (a + b)
-        n = req.rollout_budget / B
-        score = 1.0 - theta**n - (1.0 - theta) ** n
-        top = top_k(score, B, cand)
-        chosen = cand[top]
-        rollouts = allocation.equal(B, req.rollout_budget, req.min_rollouts, req.max_rollouts)
-        return PlanDecision(chosen, rollouts, a[top] / (a[top] + b[top]))
+        top = selection.top_k(selection.informative_prob(theta, req.rollout_budget / B), B)
+        mean = a[top] / (a[top] + b[top])
+        return PlanDecision(cand[top], allocate(p.allocator, mean, req), mean)
 
 
-class SkillTracker:
-    """Adapts the item-response model to the pool's observations."""
-
-    def __init__(self, model: SkillDifficultyModel, staleness_decay: float) -> None:
-        self.model = model
-        self.staleness_decay = staleness_decay
-
-    def grow(self, size: int, n_domains: int) -> None:
-        self.model.grow(size, n_domains)
-
-    def move_domain(self, o, old_d, new_d) -> None:
-        self.model.move_domain(o, old_d, new_d)
-
-    def observe(self, pool: PoolState, obs) -> None:
-        o = obs.ordinals
-        w = self.staleness_decay ** obs.staleness.astype(np.float64)
-        self.model.observe(o, pool.domain[o], w * obs.n, w * obs.successes, obs.step, prior_logit(pool.prior_pass_rate[o]))
-
-
+# -- item-response frontier (ours) ----------------------------------------------------
 class FrontierParams(StrategyParams):
     skill_drift: float = Field(0.02, ge=0.0, le=10.0, description="Variance added to a domain's skill per step.")
     difficulty_drift: float = Field(
@@ -150,6 +199,7 @@ class FrontierParams(StrategyParams):
     thompson: bool = Field(
         False, description="Score a Thompson draw, or (default, better on the benchmark) the predictive mean."
     )
+    allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
 
 
 class Frontier(Strategy):
@@ -157,8 +207,8 @@ class Frontier(Strategy):
     description = (
         "Rollplan's item-response model: pass rate = σ(skill of the prompt's domain − prompt difficulty); "
         "the skill is re-estimated from every report (tracking the policy's drift), the difficulty per prompt "
-        "(stable, shrunk to its domain's distribution when unseen); Thompson-sampled; picks the highest "
-        "probability of an informative group; equal rollouts."
+        "(stable, shrunk to its domain's distribution when unseen); picks the highest probability of an "
+        "informative group from a candidate pool."
     )
     Params = FrontierParams
 
@@ -166,53 +216,31 @@ class Frontier(Strategy):
         p: FrontierParams = self.params  # type: ignore[assignment]
         pool = PoolState()
         model = SkillDifficultyModel(skill_drift=p.skill_drift, difficulty_drift=p.difficulty_drift)
-        pool.trackers["skill"] = SkillTracker(model, pool.staleness_decay)
+        pool.trackers["skill"] = SkillTracker(model)
         return pool
+
+    def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
+        return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: FrontierParams = self.params  # type: ignore[assignment]
-        model: SkillDifficultyModel = pool.trackers["skill"].model  # type: ignore[attr-defined]
+        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
         B = req.batch_size
-        cand = candidates(pool.size, B, p.candidate_multiplier, rng)
-        d = pool.domain[cand]
-        pl = prior_logit(pool.prior_pass_rate[cand])
+        cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
-        theta = model.sample(cand, d, pl, step, rng) if p.thompson else model.predict(cand, d, pl, step)
-        n = req.rollout_budget / B
-        top = top_k(1.0 - theta**n - (1.0 - theta) ** n, B, cand)
+        if p.thompson:
+            from .irt import prior_logit
+
+            theta = tracker.model.sample(cand, pool.domain[cand], prior_logit(pool.prior_pass_rate[cand]), step, rng)
+        else:
+            theta = tracker.predict(pool, cand, step)
+        top = selection.top_k(selection.informative_prob(theta, req.rollout_budget / B), B)
         chosen = cand[top]
-        rollouts = allocation.equal(B, req.rollout_budget, req.min_rollouts, req.max_rollouts)
-        return PlanDecision(chosen, rollouts, model.predict(chosen, pool.domain[chosen], pl[top], step))
+        pred = tracker.predict(pool, chosen, step)
+        return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)
 
 
-def candidates(size: int, batch: int, multiplier: float, rng: np.random.Generator) -> np.ndarray:
-    """A uniform candidate pool of ``multiplier × batch`` prompts (all when the pool is small)."""
-    n = min(size, max(batch, int(np.ceil(multiplier * batch))))
-    if n < size:
-        return rng.choice(size, size=n, replace=False).astype(np.int64)
-    return np.arange(size, dtype=np.int64)
-
-
-def top_k(score: np.ndarray, k: int, key: np.ndarray) -> np.ndarray:
-    """Indices of the k highest scores, best first; ties broken by ``key``."""
-    top = np.argpartition(-score, k - 1)[:k] if k < score.size else np.arange(score.size)
-    return top[np.lexsort((key[top], -score[top]))]
-
-
-class HMMTracker:
-    """Adapts the DPS solving-state HMM to the pool's observations."""
-
-    def __init__(self, hmm: SolveStateHMM) -> None:
-        self.hmm = hmm
-
-    def grow(self, size: int, n_domains: int) -> None:
-        self.hmm.grow(size, n_domains)
-
-    def observe(self, pool: PoolState, obs) -> None:
-        o = obs.ordinals
-        self.hmm.observe(o, obs.n, obs.successes, obs.step, pool.domain[o])
-
-
+# -- DPS ------------------------------------------------------------------------------
 class DPSParams(StrategyParams):
     forgetting: float = Field(0.7, gt=0.0, le=1.0, description="λ of the transition counts (DPS: 0.7 math).")
     emission: Literal["exact", "binomial"] = Field(
@@ -241,21 +269,315 @@ class DPS(Strategy):
         p: DPSParams = self.params  # type: ignore[assignment]
         hmm: SolveStateHMM = pool.trackers["hmm"].hmm  # type: ignore[attr-defined]
         B = req.batch_size
-        cand = candidates(pool.size, B, p.candidate_multiplier, rng)
+        cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         belief = hmm.beliefs(cand, max(req.step, pool.step + 1))
-        # Ties (e.g. never-seen prompts, all uniform) broken at random, not by ordinal.
-        top = top_k(belief[:, 1], B, rng.permutation(cand.size))
+        # Ties (never-seen prompts are all uniform) are broken at random, not by ordinal.
+        top = selection.top_k(belief[:, 1], B, rng.permutation(cand.size))
         chosen = cand[top]
         rollouts = allocation.equal(B, req.rollout_budget, req.min_rollouts, req.max_rollouts)
         return PlanDecision(chosen, rollouts, pool.predicted_pass_rate(chosen))
 
 
-class Default(BetaThompson):
+# -- batch split over groups of prompts (bandits, schedules) ---------------------------
+def fill_by_group(
+    pool: PoolState, group_of, quotas: np.ndarray, rng: np.random.Generator, multiplier: float
+) -> np.ndarray:
+    """Prompts drawn uniformly within each group, ``quotas[g]`` from group g.
+
+    Draws a uniform candidate pool and takes each group's quota from its
+    candidates (a uniform sample of the group); only a group whose candidates
+    fall short is enumerated over the whole pool. ``group_of(idx)`` maps ordinals
+    to group ids. Quotas a group cannot meet are filled from the other groups.
+    """
+    B = int(quotas.sum())
+    cand = selection.candidate_pool(pool.size, B, multiplier, rng)
+    cand = cand[rng.permutation(cand.size)]
+    g = group_of(cand)
+    order = np.argsort(g, kind="stable")
+    rank = np.empty(cand.size, np.int64)
+    gs = g[order]
+    starts = np.r_[0, np.flatnonzero(gs[1:] != gs[:-1]) + 1] if gs.size else np.zeros(0, np.int64)
+    run_len = np.diff(np.r_[starts, gs.size])
+    rank[order] = np.arange(gs.size) - np.repeat(starts, run_len)
+    take = rank < quotas[np.clip(g, 0, quotas.size - 1)]
+    chosen = [cand[take]]
+    got = np.bincount(g[take], minlength=quotas.size)
+    short = np.flatnonzero(got < quotas)
+    if short.size:
+        all_g = group_of(np.arange(pool.size, dtype=np.int64))
+        used = np.zeros(pool.size, bool)
+        used[chosen[0]] = True
+        for k in short:  # a loop over groups, not prompts
+            members = np.flatnonzero((all_g == k) & ~used)
+            extra = rng.choice(members, size=min(members.size, int(quotas[k] - got[k])), replace=False)
+            used[extra] = True
+            chosen.append(extra)
+        missing = B - sum(c.size for c in chosen)
+        if missing > 0:
+            rest = np.flatnonzero(~used)
+            chosen.append(rng.choice(rest, size=missing, replace=False))
+    return np.concatenate(chosen).astype(np.int64)
+
+
+class ArmParams(StrategyParams):
+    candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6, description="Candidate pool as a multiple of the batch.")
+
+
+class _ArmStrategy(Strategy):
+    """Split the batch across domains by a bandit's weights, then uniform within."""
+
+    def weights(self, pool: PoolState) -> np.ndarray:
+        return pool.trackers["arms"].weights(pool.n_domains)  # type: ignore[attr-defined]
+
+    def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
+        return pool.domain[idx].astype(np.int64)
+
+    def available(self, pool: PoolState, n_groups: int) -> np.ndarray:
+        return np.bincount(self.groups(pool, np.arange(pool.size)), minlength=n_groups)
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        w = self.weights(pool)
+        quotas = bandits.split_batch(w, req.batch_size, self.available(pool, w.size), rng)
+        chosen = fill_by_group(pool, lambda i: self.groups(pool, i), quotas, rng, self.params.candidate_multiplier)
+        rollouts = allocation.equal(req.batch_size, req.rollout_budget, req.min_rollouts, req.max_rollouts)
+        return PlanDecision(chosen, rollouts, self.predict(pool, chosen, req.step))
+
+
+class DUMPParams(ArmParams):
+    window: int = Field(300, ge=1, le=1_000_000, description="Rollouts per arm in the |advantage| window (DUMP: 300).")
+    temperature: float = Field(0.1, gt=0.0, le=100.0, description="Softmax temperature over UCB scores (DUMP: 0.1).")
+
+
+class DUMPStrategy(_ArmStrategy):
+    name = "dump"
+    description = (
+        "DUMP: UCB bandit over domains on the mean |advantage| of each domain's last rollouts; the batch is "
+        "split across domains by softmax(UCB/τ), prompts uniform within a domain."
+    )
+    Params = DUMPParams
+
+    def make_pool(self) -> PoolState:
+        p: DUMPParams = self.params  # type: ignore[assignment]
+        pool = PoolState()
+        pool.trackers["arms"] = ArmBandit(bandits.DUMP(1, window=p.window, temperature=p.temperature))
+        return pool
+
+
+class SECParams(ArmParams):
+    alpha: float = Field(0.5, gt=0.0, le=1.0, description="TD(0) step size (SEC: 0.5).")
+    temperature: float = Field(0.5, gt=0.0, le=100.0, description="Boltzmann temperature (SEC: 0.2–1.0).")
+    decay_unsampled: bool = Field(False, description="Decay arms not sampled toward 0 (the published code does).")
+
+
+class SECStrategy(_ArmStrategy):
+    name = "sec"
+    description = (
+        "SEC: TD(0) value per domain from the mean |advantage| of its rollouts, Boltzmann sampling over "
+        "domains, prompts uniform within a domain."
+    )
+    Params = SECParams
+
+    def make_pool(self) -> PoolState:
+        p: SECParams = self.params  # type: ignore[assignment]
+        pool = PoolState()
+        pool.trackers["arms"] = ArmBandit(
+            bandits.SEC(1, alpha=p.alpha, temperature=p.temperature, decay_unsampled=p.decay_unsampled)
+        )
+        return pool
+
+
+class GDROParams(ArmParams):
+    edges: tuple[float, ...] = Field((0.4, 0.75), min_length=1, max_length=20, description="Pass-rate bin edges.")
+    hysteresis: float = Field(0.03, ge=0.0, le=0.5)
+    beta: float = Field(0.12, gt=0.0, le=1.0, description="EMA weight of a new bin score.")
+    eta: float = Field(0.65, ge=0.0, le=100.0, description="Softmax sharpness over bin scores.")
+    gamma: float = Field(0.01, ge=0.0, le=1.0, description="Uniform mixing.")
+
+    @model_validator(mode="after")
+    def _edges_ok(self) -> GDROParams:
+        e = np.asarray(self.edges)
+        if np.any(np.diff(e) <= 0) or e[0] <= 0 or e[-1] >= 1:
+            raise ValueError("edges must be strictly increasing inside (0, 1)")
+        return self
+
+
+class GDROStrategy(_ArmStrategy):
+    name = "gdro"
+    description = (
+        "Prompt-GDRO: prompts binned by running pass rate (with hysteresis); multiplicative weights over bins "
+        "from an EMA of each bin's mean |advantage| normalised by its batch share; prompts uniform within a bin."
+    )
+    Params = GDROParams
+
+    def make_pool(self) -> PoolState:
+        p: GDROParams = self.params  # type: ignore[assignment]
+        pool = PoolState()
+        pool.trackers["gdro"] = GDROTracker(
+            bandits.PromptGDRO(p.edges, hysteresis=p.hysteresis, beta=p.beta, eta=p.eta, gamma=p.gamma)
+        )
+        return pool
+
+    def weights(self, pool: PoolState) -> np.ndarray:
+        return pool.trackers["gdro"].gdro.weights()  # type: ignore[attr-defined]
+
+    def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
+        return pool.trackers["gdro"].bins(pool, idx)  # type: ignore[attr-defined]
+
+
+class E2HParams(ArmParams):
+    total_steps: int = Field(1000, ge=1, description="T: the step at which the schedule reaches the hardest level.")
+    levels: int = Field(3, ge=2, le=20, description="K difficulty levels, from the predicted pass rate.")
+    schedule: Literal["cosine", "gaussian"] = Field("cosine", description="E2H schedule.")
+
+
+class E2HStrategy(_ArmStrategy):
+    name = "e2h"
+    description = (
+        "E2H: easy-to-hard schedule over K difficulty levels (by predicted pass rate, or the client's prior), "
+        "cosine or gaussian with fading, as a function of step / total_steps; prompts uniform within a level."
+    )
+    Params = E2HParams
+
+    def make_pool(self) -> PoolState:
+        return PoolState(hierarchical=True)
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        self._step = req.step
+        return super().plan(pool, req, rng)
+
+    def weights(self, pool: PoolState) -> np.ndarray:
+        p: E2HParams = self.params  # type: ignore[assignment]
+        return selection.e2h_weights(self._step, p.total_steps, p.levels, schedule=p.schedule)
+
+    def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
+        p: E2HParams = self.params  # type: ignore[assignment]
+        return selection.difficulty_levels(pool.predicted_pass_rate(idx), p.levels).astype(np.int64)
+
+
+# -- AdaRFT -------------------------------------------------------------------------
+class AdaRFTParams(StrategyParams):
+    eta: float = Field(50.0, ge=0.0, le=100.0, description="Step of the target on the 0–100 scale.")
+    alpha: float = Field(2.0, gt=0.0, le=100.0)
+    beta: float = Field(0.5, ge=0.0, le=1.0, description="Target batch reward.")
+    start: float = Field(50.0, ge=0.0, le=100.0, description="Initial target difficulty.")
+    candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6)
+
+
+class AdaRFT(Strategy):
+    name = "adarft"
+    description = (
+        "AdaRFT: a target difficulty (0–100) that follows the batch reward, T ← clip(T + η·tanh(α(R̄ − β))); "
+        "picks the prompts whose difficulty 100·(1 − predicted pass rate) is closest to it."
+    )
+    Params = AdaRFTParams
+
+    def make_pool(self) -> PoolState:
+        p: AdaRFTParams = self.params  # type: ignore[assignment]
+        pool = PoolState(hierarchical=True)
+        pool.trackers["adarft"] = AdaRFTTracker(p.start, p.eta, p.alpha, p.beta)
+        return pool
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        p: AdaRFTParams = self.params  # type: ignore[assignment]
+        cand = selection.candidate_pool(pool.size, req.batch_size, p.candidate_multiplier, rng)
+        pred = pool.predicted_pass_rate(cand)
+        T = pool.trackers["adarft"].T  # type: ignore[attr-defined]
+        top = selection.top_k(-np.abs(100.0 * (1.0 - pred) - T), req.batch_size, rng.permutation(cand.size))
+        rollouts = allocation.equal(req.batch_size, req.rollout_budget, req.min_rollouts, req.max_rollouts)
+        return PlanDecision(cand[top], rollouts, pred[top])
+
+
+# -- GRESO ----------------------------------------------------------------------------
+class GRESOParams(StrategyParams):
+    p_base: float = Field(0.5, ge=0.05, le=0.95, description="Initial skip base.")
+    target_zero_variance: float = Field(0.25, ge=0.0, le=1.0, description="Target share of zero-variance groups.")
+    candidate_multiplier: float = Field(4.0, ge=1.0, le=1e6)
+
+
+class GRESO(Strategy):
+    name = "greso"
+    description = (
+        "GRESO: skip prompts predicted to give zero-variance groups — skip probability 1 − max(p_base^z, 0.01) "
+        "with z the streak of recent all-correct / all-wrong groups; p_base adapts toward a target share of "
+        "zero-variance groups."
+    )
+    Params = GRESOParams
+
+    def make_pool(self) -> PoolState:
+        p: GRESOParams = self.params  # type: ignore[assignment]
+        pool = PoolState()
+        pool.trackers["greso"] = GRESOTracker(p.p_base, p.target_zero_variance)
+        return pool
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        p: GRESOParams = self.params  # type: ignore[assignment]
+        B = req.batch_size
+        cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
+        cand = cand[rng.permutation(cand.size)]
+        skip = rng.random(cand.size) < pool.trackers["greso"].skip_prob(cand)  # type: ignore[attr-defined]
+        # Kept candidates in their random order first; skipped ones only if needed.
+        order = np.argsort(skip, kind="stable")[:B]
+        chosen = cand[order]
+        rollouts = allocation.equal(B, req.rollout_budget, req.min_rollouts, req.max_rollouts)
+        return PlanDecision(chosen, rollouts, pool.predicted_pass_rate(chosen))
+
+
+# -- budget allocation strategies -----------------------------------------------------
+class Knapsack(BetaThompson):
+    name = "knapsack"
+    description = (
+        "Knapsack-RL: the Beta/Thompson selection of `beta`, then the budget split to maximise "
+        "Σ (1 − pᵏ − (1−p)ᵏ)·p(1−p)² over the chosen prompts (min `min_rollouts` each)."
+    )
+
+    class Params(BetaParams):
+        allocator: Allocator = Field("knapsack", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
+        hierarchical: bool = Field(True, description="Empirical-Bayes domain prior.")
+
+
+class PilotCommit(BetaThompson):
+    name = "pilot_commit"
+    description = (
+        "Pilot-Commit: the plan is the pilot (its budget split equally over a batch that should be ~3× the "
+        "final one); after the pilot rewards are reported, POST …/plans/{plan_id}/extend commits an extra "
+        "budget to the prompts whose pilot pass rate is in [0.125, 0.75], by greedy informative-group gain."
+    )
+
+    class Params(BetaParams):
+        hierarchical: bool = Field(True, description="Empirical-Bayes domain prior.")
+        candidate_multiplier: float = Field(4.0, ge=1.0, le=1e6, description="Candidate pool for the pilot.")
+
+
+class DefaultParams(FrontierParams):
+    pass
+
+
+class Default(Frontier):
     name = "default"
-    description = "The project's best general-purpose strategy. Currently: " + BetaThompson.description
+    description = "The project's best general-purpose strategy (chosen on the benchmarks). Currently: " + (
+        Frontier.description
+    )
+    Params = DefaultParams
 
 
-REGISTRY: dict[str, type[Strategy]] = {s.name: s for s in (Default, Uniform, BetaThompson, Frontier, DPS)}
+REGISTRY: dict[str, type[Strategy]] = {
+    s.name: s
+    for s in (
+        Default,
+        Uniform,
+        BetaThompson,
+        Frontier,
+        DPS,
+        DUMPStrategy,
+        SECStrategy,
+        GDROStrategy,
+        AdaRFT,
+        E2HStrategy,
+        GRESO,
+        Knapsack,
+        PilotCommit,
+    )
+}
 
 
 def build(name: str, params: dict | None) -> Strategy:

@@ -1,0 +1,159 @@
+"""Trackers: the extra state a strategy keeps beside the pool's Beta posterior,
+each updated from the same committed reports in the same order (so it too is
+a pure function of the reward log). Each adapts a pure estimator module
+(``hmm``, ``irt``, ``bandits``, ``selection``) to ``PoolState.observe``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import bandits, selection
+from .hmm import SolveStateHMM
+from .irt import SkillDifficultyModel, prior_logit
+from .pool import Observations, PoolState
+from .util import occurrence_rank
+
+
+def _staleness_weight(pool: PoolState, obs: Observations) -> np.ndarray:
+    return pool.staleness_decay ** obs.staleness.astype(np.float64)
+
+
+class SkillTracker:
+    """The item-response skill/difficulty model (``irt``)."""
+
+    def __init__(self, model: SkillDifficultyModel) -> None:
+        self.model = model
+
+    def grow(self, size: int, n_domains: int) -> None:
+        self.model.grow(size, n_domains)
+
+    def move_domain(self, o, old_d, new_d) -> None:
+        self.model.move_domain(o, old_d, new_d)
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        o = obs.ordinals
+        w = _staleness_weight(pool, obs)
+        self.model.observe(o, pool.domain[o], w * obs.n, w * obs.successes, obs.step, prior_logit(pool.prior_pass_rate[o]))
+
+    def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
+        return self.model.predict(idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step)
+
+    def inspect(self) -> dict:
+        D = self.model.theta_.shape[0]
+        return {"skill": self.model.theta_[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
+
+
+class HMMTracker:
+    """The DPS solving-state HMM (``hmm``)."""
+
+    def __init__(self, hmm: SolveStateHMM) -> None:
+        self.hmm = hmm
+
+    def grow(self, size: int, n_domains: int) -> None:
+        self.hmm.grow(size, n_domains)
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        o = obs.ordinals
+        self.hmm.observe(o, obs.n, obs.successes, obs.step, pool.domain[o])
+
+    def inspect(self) -> dict:
+        return {}
+
+
+class ArmBandit:
+    """A bandit over the pool's domains (DUMP or SEC): one update per report with
+    each group's arm, rollouts and mean |advantage|."""
+
+    def __init__(self, bandit: bandits.DUMP | bandits.SEC) -> None:
+        self.bandit = bandit
+
+    def grow(self, size: int, n_domains: int) -> None:
+        self.bandit.grow(n_domains)
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        self.bandit.update(pool.domain[obs.ordinals], obs.n, obs.abs_adv)
+
+    def weights(self, n_domains: int) -> np.ndarray:
+        self.bandit.grow(n_domains)
+        return self.bandit.weights()
+
+    def inspect(self) -> dict:
+        return {"arm_weights": self.bandit.weights().tolist()}
+
+
+class GDROTracker:
+    """Prompt-GDRO: prompts binned by their running pass rate (posterior mean,
+    with hysteresis), an EMA score per bin from its groups' mean |advantage|."""
+
+    def __init__(self, gdro: bandits.PromptGDRO) -> None:
+        self.gdro = gdro
+
+    def grow(self, size: int, n_domains: int) -> None:
+        self.gdro.grow(size)
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        bins = self.gdro.rebin(obs.ordinals, pool.predicted_pass_rate(obs.ordinals))
+        self.gdro.update(bins, obs.n, obs.abs_adv)
+
+    def bins(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
+        """Bins of prompts; a never-binned prompt goes by its predicted pass rate."""
+        b = self.gdro.prompt_bin_[idx].astype(np.int64)
+        fresh = b < 0
+        if fresh.any():
+            b[fresh] = np.searchsorted(np.asarray(self.gdro.edges), pool.predicted_pass_rate(idx[fresh]), side="right")
+        return b
+
+    def inspect(self) -> dict:
+        return {"bin_weights": self.gdro.weights().tolist(), "bin_edges": list(self.gdro.edges)}
+
+
+class AdaRFTTracker:
+    """AdaRFT's target difficulty T (0–100), moved after every report by its mean reward."""
+
+    def __init__(self, start: float, eta: float, alpha: float, beta: float) -> None:
+        self.T = start
+        self.eta, self.alpha, self.beta = eta, alpha, beta
+
+    def grow(self, size: int, n_domains: int) -> None:
+        pass
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        mean_reward = float(obs.successes.sum() / max(obs.n.sum(), 1))
+        self.T = selection.adarft_target(self.T, mean_reward, eta=self.eta, alpha=self.alpha, beta=self.beta)
+
+    def inspect(self) -> dict:
+        return {"target_difficulty": self.T}
+
+
+class GRESOTracker:
+    """GRESO: per prompt, the streak of recent all-correct / all-wrong groups;
+    a skip base p_base adapted toward a target zero-variance fraction."""
+
+    def __init__(self, p_base: float, target: float) -> None:
+        self.p_base = p_base
+        self.target = target
+        self.streak_ = np.zeros(0, np.int64)
+
+    def grow(self, size: int, n_domains: int) -> None:
+        if self.streak_.shape[0] < size:
+            out = np.zeros(max(size, 2 * self.streak_.shape[0], 1024), np.int64)
+            out[: self.streak_.shape[0]] = self.streak_
+            self.streak_ = out
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        o = obs.ordinals
+        mean = obs.successes / np.maximum(obs.n, 1)
+        # Sequential per prompt: apply in rounds of unique ordinals.
+        rank = occurrence_rank(o)
+        for r in range(int(rank.max()) + 1):
+            m = rank == r
+            self.streak_[o[m]] = selection.greso_update_streak(self.streak_[o[m]], mean[m])
+        zero_var = float(np.mean(~obs.informative))
+        self.p_base = selection.greso_adapt_base(self.p_base, zero_var, target=self.target)
+
+    def skip_prob(self, idx: np.ndarray) -> np.ndarray:
+        return selection.greso_skip_prob(self.streak_[idx], self.p_base)
+
+    def inspect(self) -> dict:
+        return {"p_base": self.p_base}
