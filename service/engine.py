@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .api import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
+from .inspection import STATES, state_codes
 from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
@@ -117,9 +119,10 @@ class RunContext:
 
 
 class Engine:
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], metrics: Any = None) -> None:
         self.settings = settings
         self.sessions = sessions
+        self.metrics = metrics  # service.metrics.Metrics, or None
         self._contexts: dict[str, RunContext] = {}
         self._lock = threading.Lock()
 
@@ -303,7 +306,9 @@ class Engine:
                 raise Invalid(f"rollout_budget: {why}", errors=[{"loc": "body.rollout_budget", "msg": why}])
             req = strat.PlanRequest(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"], step)
             with ctx.lock:
+                t0 = time.perf_counter()
                 decision = ctx.strategy.plan(ctx.pool, req, strat.plan_rng(run.id, step, ctx.strategy.name))
+                compute_s = time.perf_counter() - t0
             plan = Plan(
                 id=uuid.uuid4().hex,
                 run_pk=run.pk,
@@ -311,6 +316,7 @@ class Engine:
                 strategy=ctx.strategy.name,
                 batch_size=body.batch_size,
                 rollout_budget=budget,
+                compute_ms=compute_s * 1000.0,
             )
             s.add(plan)
             s.flush()
@@ -330,6 +336,8 @@ class Engine:
             self._mark_step(s, run.pk, step)
             run.n_plans += 1
             out = self._plan_out(ctx, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
+        if self.metrics is not None:
+            self.metrics.observe_plan(ctx.strategy.name, compute_s)
         return True, out
 
     def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> schemas.PlanOut:
@@ -436,6 +444,8 @@ class Engine:
             run.n_informative_rollouts += int(lengths[informative].sum())
         # Committed. Apply to memory if nothing else got in between; otherwise the
         # next read refreshes from the log.
+        if self.metrics is not None:
+            self.metrics.observe_ingest(len(groups), int(lengths.sum()))
         with ctx.lock:
             if ctx.report_seq == seq - 1:
                 steps = np.full(len(groups), body.step, dtype=np.int64)
@@ -492,6 +502,7 @@ class Engine:
             rs = pool.reward_sum[o]
             last = pool.last_step[o]
         lo, hi = ctx.reward_range
+        states = state_codes(n, a / (a + b))
         out = []
         for i, r in enumerate(rows):
             ni = int(n[i])
@@ -507,6 +518,7 @@ class Engine:
                     "predicted_pass_rate": float(a[i] / (a[i] + b[i])),
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,
+                    "state": STATES[states[i]],
                 }
             )
         return out

@@ -113,6 +113,10 @@ class PromptOut(BaseModel):
     predicted_pass_rate: float
     posterior: dict[str, float] = Field(description="Beta posterior of the pass rate: alpha, beta.")
     last_step: int | None
+    state: str | None = Field(
+        None,
+        description="unseen (no rollouts), unsolved (predicted pass rate ≤ 0.1), frontier, or solved (≥ 0.9).",
+    )
 
 
 class PromptPage(Page):
