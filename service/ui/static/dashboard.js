@@ -78,7 +78,9 @@ const RP = (() => {
       width: Math.max(300, box.clientWidth - 4),
       height: opts.height || 220,
       scales: { x: { time: false }, y: opts.y || {} },
-      axes: [{ label: opts.xLabel || "step" }, { label: opts.yLabel || "" }],
+      // Steps and group numbers are integers: ticks only at whole numbers.
+      axes: [{ label: opts.xLabel || "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 1e5, 1e6] },
+        { label: opts.yLabel || "" }],
       series: [{ label: opts.xLabel || "step" }, ...series.map((s, i) => ({
         label: s.label,
         stroke: s.color || COLORS[i % COLORS.length],
@@ -293,14 +295,17 @@ const RP = (() => {
         card("rollouts", fmt(p.rollouts), "rollouts"), card("groups", fmt(p.groups), "groups"),
         card("mean reward", fmt(p.mean_reward), "mean"), card("last seen", p.last_step ?? "–", "last"));
       if (p.text) { document.getElementById("text-section").hidden = false; document.getElementById("prompt-text").textContent = p.text; }
-      const hs = p.history, x = hs.map((_, i) => i + 1);
+      const hs = p.history;
+      // x: the step when the prompt's groups came in step order (the usual case), else the group's number.
+      const byStep = hs.every((e, i) => i === 0 || e.step > hs[i - 1].step);
+      const x = byStep ? hs.map(e => e.step) : hs.map((_, i) => i + 1);
       const sd = hs.map(e => { const s = e.posterior.alpha + e.posterior.beta; return Math.sqrt(e.posterior.alpha * e.posterior.beta / (s * s * (s + 1))); });
       lineChart("chart-estimate", x, [
         { label: "predicted pass rate", values: hs.map(e => e.predicted_pass_rate), width: 2 },
         { label: "− 2 sd", values: hs.map((e, i) => Math.max(0, e.predicted_pass_rate - 2 * sd[i])), color: "#97bbf5", dash: [4, 3] },
         { label: "+ 2 sd", values: hs.map((e, i) => Math.min(1, e.predicted_pass_rate + 2 * sd[i])), color: "#97bbf5", dash: [4, 3] },
         { label: "observed group mean", values: hs.map(e => e.mean_reward), color: "#ff725c", points: "only" },
-      ], { y: { range: [0, 1] }, xLabel: "reported group #" });
+      ], { y: { range: [0, 1] }, xLabel: byStep ? "step" : "reported group #" });
       fillTable("history", hs.map((e, i) => el("tr", { "data-step": e.step },
         el("td", {}, i + 1), el("td", {}, e.step), el("td", {}, e.report_id),
         el("td", { class: "rewards" }, e.rewards.map(r => fmt(r, 2)).join(" ")), el("td", {}, fmt(e.mean_reward)),
