@@ -185,8 +185,7 @@ def domains_now(ctx: RunContext) -> list[dict[str, Any]]:
         succ = np.bincount(d, weights=rs, minlength=k)
         psum = np.bincount(d, weights=p, minlength=k)
         st = state_codes(n, p)
-        states = np.zeros((k, len(STATES)), np.int64)
-        np.add.at(states, (d, st), 1)
+        states = np.bincount(d * len(STATES) + st, minlength=k * len(STATES)).reshape(k, len(STATES))
     lo, hi = ctx.reward_range
     out = []
     for i, name in enumerate(names):
@@ -351,7 +350,7 @@ def pool_history(ctx: RunContext) -> PoolHistory:
     with _HISTORY_LOCK:
         h = getattr(ctx, "_pool_history", None)
         if h is None:
-            h = PoolHistory(PoolState(forgetting=ctx.pool.forgetting, prior_strength=ctx.pool.prior_strength))
+            h = PoolHistory(PoolState(**ctx.strategy.pool_options()))
             ctx._pool_history = h  # type: ignore[attr-defined]
         return h
 
@@ -454,38 +453,46 @@ def select_prompts(
 
 # -- one prompt's history with its estimate after each report -------------------------------
 def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every reported group of one prompt with its estimate after that group.
+
+    The prompt's groups are replayed, in commit order, through a one-prompt
+    ``PoolState`` built like the run's (the estimator's own update code, not a copy
+    of its formula). The prior is the prompt's current one: the replay's posterior
+    is shifted by the difference between the live posterior and the replay's final
+    one (both hold the same evidence), so the last entry is the current estimate.
+    """
     rows = s.execute(
         select(Result.report_seq, Report.report_id, Result.step, Result.n, Result.reward_sum, Result.informative, Result.rewards)
         .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
         .where(Result.run_pk == ctx.run_pk, Result.prompt_ordinal == ordinal)
         .order_by(Result.report_seq, Result.position)
     ).all()
-    lo, hi = ctx.reward_range
+    one = np.zeros(1, np.int64)
+    replay = PoolState(**ctx.strategy.pool_options())
     with ctx.lock:
-        m = float(ctx.pool.prior_mean(np.array([ordinal]))[0])
-        strength = ctx.pool.prior_strength
-        lam = ctx.pool.beta.forgetting
-    a0, b0 = strength * m, strength * (1.0 - m)
-    es = ef = 0.0
-    history = []
-    for seq, rid, st, n, rsum, inf, rewards in rows:
-        succ = min(max((rsum - n * lo) / (hi - lo), 0.0), float(n))
-        es = lam * es + succ
-        ef = lam * ef + (n - succ)
-        a, b = a0 + es, b0 + ef
-        history.append(
-            {
-                "report_seq": seq,
-                "report_id": rid,
-                "step": st,
-                "n": n,
-                "rewards": rewards,
-                "mean_reward": rsum / n,
-                "informative": bool(inf),
-                "posterior": {"alpha": a, "beta": b},
-                "predicted_pass_rate": a / (a + b),
-            }
-        )
+        replay.set_prompts(one, np.zeros(1, np.int32), ctx.pool.prior_pass_rate[[ordinal]].copy())
+        a_now, b_now = (float(x[0]) for x in ctx.pool.posterior(np.array([ordinal])))
+    post = np.zeros((len(rows), 2))
+    for i, (_, _, st, n, rsum, inf, _) in enumerate(rows):
+        replay.observe(ctx.observations(one, [n], [rsum], [st], [inf]))
+        a, b = replay.posterior(one)
+        post[i] = a[0], b[0]
+    if len(rows):
+        post += np.array([a_now, b_now]) - post[-1]
+    history = [
+        {
+            "report_seq": seq,
+            "report_id": rid,
+            "step": st,
+            "n": n,
+            "rewards": rewards,
+            "mean_reward": rsum / n,
+            "informative": bool(inf),
+            "posterior": {"alpha": float(a), "beta": float(b)},
+            "predicted_pass_rate": float(a / (a + b)),
+        }
+        for (seq, rid, st, n, rsum, inf, rewards), (a, b) in zip(rows, post.tolist())
+    ]
     planned = [
         {"step": st, "plan_id": pid, "rollouts": r, "predicted_pass_rate": p}
         for st, pid, r, p in s.execute(

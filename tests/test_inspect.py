@@ -226,6 +226,21 @@ def test_prompt_history_with_estimates(client):
     assert_problem(client.get(f"/v1/runs/{sim.run_id}/prompt-history/nope"), 404, "nope")
 
 
+def test_prompt_history_uses_the_prompts_prior(client):
+    client.put("/v1/runs/r", json={"rollouts_per_prompt": 4})
+    client.post("/v1/runs/r/prompts", json={"prompts": [{"id": "a/1", "prior_pass_rate": 0.8}, {"id": "b"}]})
+    for i, rewards in enumerate([[0, 0, 0, 0], [1, 0, 1, 1]]):
+        client.post("/v1/runs/r/results", json={"report_id": f"r{i}", "step": 3 + i, "results": [
+            {"prompt_id": "a/1", "rewards": rewards}, {"prompt_id": "b", "rewards": [1, 1, 1, 1]}]})
+    p = client.get("/v1/runs/r/prompt-history/a%2F1").json()
+    # Prior Beta(1.6, 0.4) (strength 2, mean 0.8); forgetting 0.5.
+    assert [h["posterior"] for h in p["history"]] == [
+        pytest.approx({"alpha": 1.6, "beta": 0.4 + 4}), pytest.approx({"alpha": 1.6 + 3, "beta": 0.4 + 2 + 1})]
+    assert p["posterior"] == pytest.approx(p["history"][-1]["posterior"])
+    assert p["planned"] == [] and [h["step"] for h in p["history"]] == [3, 4]
+    assert client.get("/v1/runs/r/prompt-history/b").json()["history"][0]["posterior"] == pytest.approx({"alpha": 5, "beta": 1})
+
+
 def test_prompt_filters_and_sort(client):
     sim = simulate(client, **SMALL)
     base = f"/v1/runs/{sim.run_id}/prompts"
