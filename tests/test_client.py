@@ -227,7 +227,9 @@ class Script:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        # A fresh copy each time: httpx binds a response's stream to the first (sync or
+        # async) client that receives it, and the same answer may serve both.
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 
 
 def problem(status: int, title: str, detail: str, **extra) -> httpx.Response:

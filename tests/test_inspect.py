@@ -404,3 +404,25 @@ def test_metrics_multiprocess_workers(pg_admin_url, tmp_path):
     finally:
         server.stop()
         drop()
+
+
+def test_inspection_needs_the_key_and_ui_is_served(make_client):
+    key = "k" * 20
+    c = make_client(api_keys=key)
+    auth = {"Authorization": f"Bearer {key}"}
+    assert c.put("/v1/runs/r", json={}, headers=auth).status_code == 201
+    for path in ("timeline", "pass-rate-histogram", "domains", "export", "prompt-history/x"):
+        assert_problem(c.get(f"/v1/runs/r/{path}"), 401)
+    assert c.get("/v1/runs/r/timeline", headers=auth).status_code == 200
+    # The dashboard's pages and assets hold no data: served without a key; the pages
+    # ask for one when the API answers 401.
+    for path in ("/ui/", "/ui/runs/r", "/ui/runs/r/prompts/a%2Fb"):
+        r = c.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), path
+        assert "/ui/static/dashboard.js" in r.text and "//cdn" not in r.text and "https://" not in r.text
+    js = c.get("/ui/static/dashboard.js")
+    assert js.status_code == 200 and "rollplan.key" in js.text
+    assert c.get("/ui/static/uPlot.iife.min.js").status_code == 200
+    assert c.get("/ui/static/uPlot.LICENSE").text.startswith("The MIT License")
+    r = c.get("/", follow_redirects=False)
+    assert r.status_code in (302, 307) and r.headers["location"] == "/ui/"
