@@ -9,17 +9,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api import v1
+from .api import inspect, v1
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge
+from .metrics import Metrics
 from .storage import migrate
 from .storage.db import make_engine, make_sessionmaker
+from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -83,7 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.auto_migrate:
             migrate.upgrade(settings.database_url)
         app.state.settings = settings
-        app.state.engine = Engine(settings, make_sessionmaker(db))
+        app.state.engine = Engine(settings, make_sessionmaker(db), metrics=prom)
         try:
             yield
         finally:
@@ -96,10 +98,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.include_router(v1.router)
+    app.include_router(inspect.router)
+    ui.mount(app)
 
-    registry = CollectorRegistry()
-    requests = Counter("rollplan_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)
-    latency = Histogram("rollplan_http_request_seconds", "HTTP request latency", ["method", "route"], registry=registry)
+    prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
+    app.state.metrics = prom
+    requests, latency = prom.requests, prom.latency
 
     @app.middleware("http")
     async def _metrics(request: Request, call_next):
@@ -144,7 +148,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
-        """Prometheus text exposition."""
-        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        """Prometheus text exposition (see ``service/metrics.py``; several workers:
+        set ``PROMETHEUS_MULTIPROC_DIR``)."""
+        return PlainTextResponse(prom.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .api import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
+from .inspection import STATES, state_codes
 from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
@@ -164,9 +166,10 @@ class RunContext:
 
 
 class Engine:
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], metrics: Any = None) -> None:
         self.settings = settings
         self.sessions = sessions
+        self.metrics = metrics  # service.metrics.Metrics, or None
         self._contexts: dict[str, RunContext] = {}
         self._lock = threading.Lock()
 
@@ -414,7 +417,9 @@ class Engine:
                 raise Invalid(f"rollout_budget: {why}", errors=[{"loc": "body.rollout_budget", "msg": why}])
             req = strat.PlanRequest(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"], step)
             with ctx.lock:
+                t0 = time.perf_counter()
                 decision = ctx.strategy.plan(ctx.pool, req, strat.plan_rng(run.id, step, ctx.strategy.name))
+                compute_s = time.perf_counter() - t0
             plan = Plan(
                 id=uuid.uuid4().hex,
                 run_pk=run.pk,
@@ -422,6 +427,7 @@ class Engine:
                 strategy=ctx.strategy.name,
                 batch_size=body.batch_size,
                 rollout_budget=budget,
+                compute_ms=compute_s * 1000.0,
             )
             s.add(plan)
             s.flush()
@@ -441,6 +447,8 @@ class Engine:
             self._mark_step(s, run.pk, step)
             run.n_plans += 1
             out = self._plan_out(ctx, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
+        if self.metrics is not None:
+            self.metrics.observe_plan(ctx.strategy.name, compute_s)
         return True, out
 
     def extend(self, run_id: str, plan_id: str, body: schemas.ExtendIn) -> tuple[bool, schemas.ExtendOut]:
@@ -626,6 +634,8 @@ class Engine:
             run.n_informative_rollouts += int(lengths[informative].sum())
         # Committed. Apply to memory if nothing else got in between; otherwise the
         # next read refreshes from the log.
+        if self.metrics is not None:
+            self.metrics.observe_ingest(len(groups), int(lengths.sum()))
         with ctx.lock:
             if ctx.report_seq == seq - 1:
                 k = len(groups)
@@ -678,6 +688,7 @@ class Engine:
             last = pool.last_step[o]
         lo, hi = ctx.reward_range
         ci_lo, ci_hi = scipy_stats.beta.ppf([[0.05], [0.95]], a, b)
+        states = state_codes(n, pred)
         out = []
         for i, r in enumerate(rows):
             ni = int(n[i])
@@ -694,6 +705,7 @@ class Engine:
                     "pass_rate_interval": (float(ci_lo[i]), float(ci_hi[i])),
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,
+                    "state": STATES[states[i]],
                 }
             )
         return out

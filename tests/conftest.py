@@ -128,10 +128,12 @@ def free_port() -> int:
 class ServerProcess:
     """``rollplan serve`` in a subprocess; start, SIGKILL, restart."""
 
-    def __init__(self, database_url: str, workdir: Path, env: dict | None = None, port: int | None = None):
+    def __init__(self, database_url: str, workdir: Path, env: dict | None = None, port: int | None = None,
+                 args: list[str] | None = None):
         self.database_url = database_url
         self.workdir = workdir
         self.env = env or {}
+        self.args = args or []  # extra `rollplan serve` options, e.g. ["--workers", "2"]
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -143,7 +145,8 @@ class ServerProcess:
         env = {**os.environ, "ROLLPLAN_DATABASE_URL": self.database_url, **self.env}
         self.log = open(self.workdir / f"server-{self.port}-{time.time_ns()}.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(self.port), "--log-level", "warning",
+             *self.args],
             env=env,
             cwd=self.workdir,
             stdout=self.log,

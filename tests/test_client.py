@@ -232,7 +232,9 @@ class Script:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
             raise answer
-        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)  # a fresh copy
+        # A fresh copy each time: httpx binds a response's stream to the first (sync or
+        # async) client that receives it, and the same answer may serve both.
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 
 
 def problem(status: int, title: str, detail: str, errors: list | None = None, **headers: str) -> httpx.Response:
@@ -391,7 +393,8 @@ def test_progress_bar(capsys):
     script = Script(httpx.Response(200, json={"created": 5, "updated": 0}))
     mock_client(script).upsert_prompts("r", [f"p{i}" for i in range(10)], chunk_size=5, progress=True)
     err = capsys.readouterr().err
-    assert "Uploading prompts" in err and "10/10" in err
+    # tqdm < 4.70 writes "10/10" with unit_scale, 4.70 writes "10.0/10.0".
+    assert "Uploading prompts" in err and ("10/10" in err or "10.0/10.0" in err)
 
 
 def test_async_retries(sleeps):

@@ -133,6 +133,10 @@ class PromptOut(BaseModel):
     pass_rate_interval: tuple[float, float] = Field(description="90% credible interval of the pass rate.")
     posterior: dict[str, float] = Field(description="Beta posterior of the pass rate: alpha, beta.")
     last_step: int | None
+    state: str | None = Field(
+        None,
+        description="unseen (no rollouts), unsolved (predicted pass rate ≤ 0.1), frontier, or solved (≥ 0.9).",
+    )
 
 
 class PromptPage(Page):

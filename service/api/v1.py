@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 from sqlalchemy import select
@@ -131,10 +131,35 @@ def list_prompts(
     limit: Limit = 100,
     cursor: Cursor = None,
     domain: Annotated[str | None, Query(max_length=200)] = None,
+    state: Annotated[Literal["unseen", "unsolved", "frontier", "solved"] | None, Query()] = None,
+    min_pass_rate: Annotated[float | None, Query(ge=0, le=1, description="Predicted pass rate ≥ this.")] = None,
+    max_pass_rate: Annotated[float | None, Query(ge=0, le=1, description="Predicted pass rate ≤ this.")] = None,
+    min_rollouts: Annotated[int | None, Query(ge=0)] = None,
+    max_rollouts: Annotated[int | None, Query(ge=0)] = None,
+    sort: Annotated[
+        Literal["ordinal", "predicted_pass_rate", "rollouts", "last_step", "mean_reward"],
+        Query(description="Sort key (ties by registration order); last_step: last seen."),
+    ] = "ordinal",
+    order: Annotated[Literal["asc", "desc"], Query()] = "asc",
 ):
-    """Page of prompts (in registration order) with their current estimates."""
+    """Page of prompts with their current estimates, in registration order unless `sort`
+    says otherwise; filterable by domain, state, predicted pass rate and rollouts."""
     run = engine.get_run(session, run_id)
     ctx = engine.context(session, run)
+    filters = dict(state=state, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
+                   min_rollouts=min_rollouts, max_rollouts=max_rollouts)
+    if sort != "ordinal" or order != "asc" or any(v is not None for v in filters.values()):
+        from .. import inspection
+        from . import inspect
+
+        after_key = inspect.decode_sort_cursor(cursor, sort, order)
+        ords, nxt_key = inspection.select_prompts(
+            ctx, sort=sort, descending=order == "desc", domain=domain, after=after_key, limit=limit, **filters
+        )
+        by_ord = {r.ordinal: r for r in session.scalars(
+            select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal.in_(ords)))} if ords else {}
+        nxt = inspect.encode_sort_cursor(sort, order, *nxt_key) if nxt_key else None
+        return {"items": engine.prompt_rows(ctx, [by_ord[o] for o in ords]), "next_cursor": nxt}
     after = _decode_cursor(cursor)
     try:
         after_ord = int(after) if after is not None else -1

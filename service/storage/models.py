@@ -89,6 +89,8 @@ class Plan(Base):
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
+    # Milliseconds the strategy spent computing the plan (migration 0002).
+    compute_ms: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),)
 

@@ -1,0 +1,334 @@
+"""The inspection API: read-only views of a run's curriculum over time.
+
+Paths under ``/v1/runs/{run_id}/``: ``timeline``, ``pass-rate-histogram``,
+``domains``, ``prompt-history/{prompt_id}``, ``export``. Per-step lists page by
+step with ``?limit=`` and ``?cursor=`` like every other list. Everything is an
+SQL aggregate or numpy over the pool (``service/inspection.py``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from .. import inspection as insp
+from ..errors import Invalid, NotFound
+from ..storage.models import Prompt
+from . import schemas
+from .deps import EngineDep, SessionDep, require_key
+from .v1 import RESPONSES, Cursor, RunIdPath, _decode_cursor, _encode_cursor
+
+router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
+
+StepLimit = Annotated[int, Query(ge=1, le=10_000, description="Steps per page (at most 10000).")]
+StrategyState = Field(
+    default_factory=dict,
+    description="Extras from the run's strategy (its `inspect_state(pool)` hook), e.g. HMM state shares "
+    "or bandit domain weights; empty for strategies without the hook.",
+)
+
+
+# -- response models -----------------------------------------------------------------------
+class PlanSummary(BaseModel):
+    plan_id: str
+    strategy: str
+    batch_size: int
+    rollout_budget: int
+    compute_ms: float | None = Field(description="Time the strategy took to compute the plan (null for old plans).")
+
+
+class Calibration(BaseModel):
+    groups: int = Field(description="Reported groups of planned prompts at this step.")
+    brier: float = Field(description="Mean of (predicted pass rate − observed group mean on [0, 1])².")
+    mean_predicted: float
+    mean_observed: float
+
+
+class TimelineStep(BaseModel):
+    step: int
+    groups: int = Field(description="Prompt groups reported for the step.")
+    rollouts: int
+    informative_rollouts: int = Field(description="Rollouts in groups whose rewards were not all equal.")
+    wasted_rollouts: int = Field(description="rollouts − informative_rollouts (zero-variance groups).")
+    wasted_all_solved: int = Field(description="Wasted rollouts in groups where every reward was the maximum.")
+    wasted_all_failed: int = Field(description="Wasted rollouts in groups where every reward was the minimum.")
+    effective_ratio: float | None
+    mean_reward: float | None = Field(description="Raw mean reward of the step's rollouts.")
+    plan: PlanSummary | None
+    calibration: Calibration | None
+    strategy_state: dict[str, Any] = StrategyState
+
+
+class TimelinePage(schemas.Page):
+    items: list[TimelineStep]
+
+
+class PoolNow(BaseModel):
+    prompts: int
+    counts: list[int] = Field(description="Prompts per bin of the predicted pass rate.")
+    mean_predicted_pass_rate: float | None
+    states: dict[str, int] = Field(description="Prompts per state: unseen, unsolved, frontier, solved.")
+    strategy_state: dict[str, Any] = StrategyState
+
+
+class HistogramStep(BaseModel):
+    step: int
+    counts: list[int]
+    mean_predicted_pass_rate: float | None
+    states: dict[str, int]
+    strategy_state: dict[str, Any] = StrategyState
+
+
+class HistogramPage(schemas.Page):
+    bins: int
+    edges: list[float] = Field(description="bins + 1 bin edges on [0, 1]; the last bin includes 1.")
+    current: PoolNow
+    items: list[HistogramStep] = Field(description="The pool after each step that has results, in step order.")
+
+
+class DomainNow(BaseModel):
+    domain: str | None
+    prompts: int
+    rollouts: int
+    mean_reward: float | None
+    mean_predicted_pass_rate: float
+    states: dict[str, int]
+
+
+class DomainStep(BaseModel):
+    domain: str | None
+    planned_prompts: int
+    planned_rollouts: int
+    batch_share: float | None = Field(description="Share of the step's plan batch (prompts) in this domain.")
+    rollout_share: float | None = Field(description="Share of the step's planned rollout budget.")
+    groups: int
+    rollouts: int = Field(description="Reported rollouts of the step in this domain.")
+    informative_rollouts: int
+    informative_share: float | None
+    mean_reward: float | None
+
+
+class DomainsAtStep(BaseModel):
+    step: int
+    domains: list[DomainStep]
+
+
+class DomainsPage(schemas.Page):
+    domains: list[str | None] = Field(description="Every domain of the pool (null: prompts without one).")
+    current: list[DomainNow]
+    strategy_state: dict[str, Any] = StrategyState
+    items: list[DomainsAtStep]
+
+
+class TraceEntry(BaseModel):
+    report_seq: int
+    report_id: str
+    step: int
+    n: int
+    rewards: list[float]
+    mean_reward: float
+    informative: bool
+    posterior: dict[str, float] = Field(description="Beta posterior (alpha, beta) after this group.")
+    predicted_pass_rate: float = Field(description="Posterior mean after this group.")
+
+
+class PlannedEntry(BaseModel):
+    step: int
+    plan_id: str
+    rollouts: int
+    predicted_pass_rate: float
+
+
+class PromptTrace(schemas.PromptOut):
+    text: str | None
+    history: list[TraceEntry] = Field(description="Every reported group in commit order with the estimate after it.")
+    planned: list[PlannedEntry] = Field(description="Every plan that included the prompt.")
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _step_cursor(cursor: str | None) -> int | None:
+    raw = _decode_cursor(cursor)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+
+
+def _ctx(engine, session, run_id: str):
+    run = engine.get_run(session, run_id)
+    return run, engine.context(session, run)
+
+
+# -- endpoints -------------------------------------------------------------------------------
+@router.get("/timeline", response_model=TimelinePage, responses=RESPONSES)
+def timeline(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: StepLimit = 1000, cursor: Cursor = None):
+    """Per step (every step with a plan or results): rollouts, informative and wasted rollouts,
+    mean reward, the plan and its compute time, and calibration of the plan's predicted pass
+    rates against the observed group means of the planned prompts reported at that step."""
+    run, ctx = _ctx(engine, session, run_id)
+    steps, nxt = insp.step_page(session, run.pk, _step_cursor(cursor), limit)
+    return {"items": insp.timeline(session, ctx, steps), "next_cursor": None if nxt is None else _encode_cursor(nxt)}
+
+
+@router.get("/pass-rate-histogram", response_model=HistogramPage, responses=RESPONSES)
+def pass_rate_histogram(
+    run_id: RunIdPath,
+    engine: EngineDep,
+    session: SessionDep,
+    bins: Annotated[int, Query(description=f"Number of bins on [0, 1]; one of {list(insp.ALLOWED_BINS)}.")] = 10,
+    limit: StepLimit = 1000,
+    cursor: Cursor = None,
+):
+    """The distribution of the pool's predicted pass rates now and after each step (the
+    curriculum's frontier over time), with prompt counts per state."""
+    if bins not in insp.ALLOWED_BINS:
+        raise Invalid(f"bins: must be one of {list(insp.ALLOWED_BINS)}", errors=[{"loc": "query.bins", "msg": "invalid"}])
+    run, ctx = _ctx(engine, session, run_id)
+    h = insp.pool_history(ctx)
+    h.sync(session, ctx)
+    after = _step_cursor(cursor)
+    steps = sorted(st for st in list(h.snapshots) if after is None or st > after)
+    page, nxt = steps[:limit], (steps[limit - 1] if len(steps) > limit else None)
+    now = insp.current_pool(ctx)
+    now["counts"] = insp.coarsen(now["counts"], bins)
+    items = []
+    for st in page:
+        snap = h.snapshots[st]
+        items.append(
+            {
+                "step": st,
+                "counts": insp.coarsen(snap.counts, bins),
+                "mean_predicted_pass_rate": None if snap.mean != snap.mean else snap.mean,
+                "states": dict(zip(insp.STATES, snap.states)),
+                "strategy_state": snap.strategy_state,
+            }
+        )
+    return {
+        "bins": bins,
+        "edges": [i / bins for i in range(bins + 1)],
+        "current": now,
+        "items": items,
+        "next_cursor": None if nxt is None else _encode_cursor(nxt),
+    }
+
+
+@router.get("/domains", response_model=DomainsPage, responses=RESPONSES)
+def domains(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: StepLimit = 1000, cursor: Cursor = None):
+    """Per-domain statistics now (from the pool) and per step: the plan's share of prompts and
+    rollouts per domain (the weights the strategy gave each domain) and the reported rollouts,
+    informative share and mean reward per domain."""
+    run, ctx = _ctx(engine, session, run_id)
+    steps, nxt = insp.step_page(session, run.pk, _step_cursor(cursor), limit)
+    names = insp.domain_names(ctx)
+    now = insp.domains_now(ctx)
+    present = {d["domain"] for d in now}
+    with ctx.lock:
+        extra = insp.strategy_state(ctx.strategy, ctx.pool)
+    return {
+        "domains": sorted((n for n in names if n in present), key=lambda n: (n is None, n or "")),
+        "current": now,
+        "strategy_state": extra,
+        "items": insp.domains_by_step(session, ctx, steps),
+        "next_cursor": None if nxt is None else _encode_cursor(nxt),
+    }
+
+
+@router.get("/prompt-history/{prompt_id:path}", response_model=PromptTrace, responses=RESPONSES)
+def prompt_history(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: SessionDep):
+    """One prompt with every reported group and its Beta estimate after each, and every plan
+    that included it (the id percent-encoded as the last path segment)."""
+    run, ctx = _ctx(engine, session, run_id)
+    row = session.scalar(select(Prompt).where(Prompt.run_pk == run.pk, Prompt.id == prompt_id))
+    if row is None:
+        raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
+    out = engine.prompt_rows(ctx, [row])[0]
+    out["text"] = row.text
+    out["history"], out["planned"] = insp.prompt_trace(session, ctx, row.ordinal)
+    return out
+
+
+EXPORT_DOC = {
+    200: {
+        "description": "The reward log, one prompt group per line, in commit order. Columns: "
+        + ", ".join(insp.EXPORT_COLUMNS)
+        + " (in CSV, `rewards` is a JSON array).",
+        "content": {"application/x-ndjson": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/export", response_class=StreamingResponse, responses={**EXPORT_DOC, **RESPONSES})
+def export(
+    run_id: RunIdPath,
+    engine: EngineDep,
+    session: SessionDep,
+    format: Annotated[Literal["ndjson", "csv"], Query(description="ndjson or csv.")] = "ndjson",
+    step_from: Annotated[int | None, Query(ge=0, description="Only groups with step ≥ this.")] = None,
+    step_to: Annotated[int | None, Query(ge=0, description="Only groups with step ≤ this.")] = None,
+):
+    """The run's reward log (streamed; safe for large runs)."""
+    run = engine.get_run(session, run_id)
+    q = insp.export_query(run.pk, step_from, step_to).execution_options(yield_per=2000)
+    sessions = engine.sessions
+
+    def rows() -> Iterator:
+        with sessions() as s:
+            yield from s.execute(q)
+
+    if format == "ndjson":
+        body = (insp.ndjson_line(insp.export_record(r)) for r in rows())
+        media = "application/x-ndjson"
+    else:
+
+        def csv_lines() -> Iterator[str]:
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(insp.EXPORT_COLUMNS)
+            for r in rows():
+                rec = insp.export_record(r)
+                rec["rewards"] = json.dumps(rec["rewards"], separators=(",", ":"))
+                rec["informative"] = "true" if rec["informative"] else "false"
+                w.writerow([rec[c] for c in insp.EXPORT_COLUMNS])
+                if buf.tell() > 64 * 1024:
+                    yield buf.getvalue()
+                    buf.seek(0)
+                    buf.truncate()
+            yield buf.getvalue()
+
+        body = csv_lines()
+        media = "text/csv"
+    filename = f"{run_id}-rewards.{format}"
+    return StreamingResponse(
+        body, media_type=media, headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+    )
+
+
+# -- prompts list: filters and sort (called by GET /v1/runs/{run_id}/prompts) ---------------
+def encode_sort_cursor(sort: str, order: str, key: float, ordinal: int) -> str:
+    return _encode_cursor(json.dumps([sort, order, repr(float(key)), ordinal]))
+
+
+def decode_sort_cursor(cursor: str | None, sort: str, order: str) -> tuple[float, int] | None:
+    raw = _decode_cursor(cursor)
+    if raw is None:
+        return None
+    try:
+        s, o, k, ordinal = json.loads(raw)
+        if (s, o) == (sort, order):
+            return float(k), int(ordinal)
+    except (ValueError, TypeError):
+        pass
+    raise Invalid(
+        "cursor: not a cursor of this listing (sort and order must stay the same while paging)",
+        errors=[{"loc": "query.cursor", "msg": "invalid"}],
+    )

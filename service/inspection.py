@@ -1,0 +1,594 @@
+"""Read-only views of a run's curriculum for the inspection API and the dashboard.
+
+Everything here is an SQL aggregate over the reward log / the plans, or numpy
+over the run's ``PoolState`` — never a Python loop over the prompts of a pool or
+the rows of a log (the pool can hold a million prompts). The only per-row loops
+are over one prompt's own history and over the rows of an export stream.
+
+Strategy extras. A strategy may define ``inspect_state(pool) -> dict`` returning
+JSON-serialisable state worth showing (e.g. HMM state shares
+``{"state_shares": {"unsolved": .3, "learning": .5, "solved": .2}}`` or bandit
+domain weights ``{"domain_weights": {"math": .7, "code": .3}}``). Because a
+strategy's state is derived from the pool, the same hook evaluated on a replay of
+the log gives its history: it appears as ``strategy_state`` for the current pool
+and for every step of ``/pass-rate-histogram`` and ``/timeline``. Strategies
+without the hook give ``{}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sqlalchemy import and_, case, func, select, true
+from sqlalchemy.orm import Session
+
+from .scheduling.pool import PoolState
+from .storage.models import Plan, PlanItem, Prompt, Report, Result, RunStep
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import RunContext
+
+# -- prompt states from the Beta posterior -----------------------------------------------
+# Until a strategy provides its own (HMM) states, a prompt's state is read off its
+# posterior mean pass rate p: no rollouts yet → "unseen"; p ≤ UNSOLVED_MAX → "unsolved";
+# p ≥ SOLVED_MIN → "solved"; otherwise "frontier" (where groups are likely informative).
+STATES = ("unseen", "unsolved", "frontier", "solved")
+UNSOLVED_MAX = 0.1
+SOLVED_MIN = 0.9
+HIST_RESOLUTION = 100  # histograms are kept at 100 bins; coarser ones are sums of these
+ALLOWED_BINS = tuple(b for b in range(1, HIST_RESOLUTION + 1) if HIST_RESOLUTION % b == 0)
+
+
+def state_codes(rollouts: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Index into ``STATES`` for each prompt (vectorised)."""
+    code = np.where(p <= UNSOLVED_MAX, 1, np.where(p >= SOLVED_MIN, 3, 2))
+    return np.where(rollouts == 0, 0, code).astype(np.int8)
+
+
+def strategy_state(strategy: Any, pool: PoolState) -> dict[str, Any]:
+    """The strategy's run-level state (bandit weights, skills, targets …)."""
+    return dict(strategy.inspect(pool))
+
+
+def predicted(strategy: Any, pool: PoolState) -> np.ndarray:
+    """The strategy's predicted pass rate of every prompt of the pool (vectorised)."""
+    return strategy.predict(pool, np.arange(pool.size, dtype=np.int64), pool.step + 1)
+
+
+def _fine_counts(p: np.ndarray) -> np.ndarray:
+    idx = np.minimum((p * HIST_RESOLUTION).astype(np.int64), HIST_RESOLUTION - 1)
+    return np.bincount(idx, minlength=HIST_RESOLUTION)
+
+
+def coarsen(counts: np.ndarray, bins: int) -> list[int]:
+    return np.asarray(counts).reshape(bins, -1).sum(axis=1).tolist()
+
+
+def domain_names(ctx: RunContext) -> list[str | None]:
+    names: list[str | None] = [None] * len(ctx.domain_codes)
+    for name, code in ctx.domain_codes.items():
+        names[code] = name
+    return names
+
+
+# -- steps ----------------------------------------------------------------------------------
+def step_page(s: Session, run_pk: int, after: int | None, limit: int) -> tuple[list[int], int | None]:
+    """Steps of the run (plans or results) in order, one page; and the cursor step."""
+    q = select(RunStep.step).where(RunStep.run_pk == run_pk)
+    if after is not None:
+        q = q.where(RunStep.step > after)
+    steps = list(s.scalars(q.order_by(RunStep.step).limit(limit + 1)))
+    nxt = steps[limit - 1] if len(steps) > limit else None
+    return steps[:limit], nxt
+
+
+def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
+    if not steps:
+        return []
+    lo, hi = ctx.reward_range
+    first, last = steps[0], steps[-1]
+    eps = 1e-9 * (hi - lo)
+    not_inf = Result.informative != true()
+    n = Result.n
+    res = s.execute(
+        select(
+            Result.step,
+            func.count(),
+            func.sum(n),
+            func.sum(case((Result.informative == true(), n), else_=0)),
+            func.sum(Result.reward_sum),
+            func.sum(case((and_(not_inf, Result.reward_sum >= n * (hi - eps)), n), else_=0)),
+            func.sum(case((and_(not_inf, Result.reward_sum <= n * (lo + eps)), n), else_=0)),
+        )
+        .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
+        .group_by(Result.step)
+    ).all()
+    by_step = {r[0]: r for r in res}
+    plans = {
+        r.step: r
+        for r in s.execute(
+            select(Plan.step, Plan.id, Plan.strategy, Plan.batch_size, Plan.rollout_budget, Plan.compute_ms).where(
+                Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last
+            )
+        )
+    }
+    # Calibration: the plan's predicted pass rate against the observed group mean
+    # (on [0, 1]) of the planned prompts reported at that step.
+    observed = (Result.reward_sum / Result.n - lo) / (hi - lo)
+    err = PlanItem.predicted_pass_rate - observed
+    cal = {
+        r[0]: r
+        for r in s.execute(
+            select(Result.step, func.count(), func.avg(err * err), func.avg(PlanItem.predicted_pass_rate), func.avg(observed))
+            .select_from(Result)
+            .join(Plan, and_(Plan.run_pk == Result.run_pk, Plan.step == Result.step))
+            .join(PlanItem, and_(PlanItem.plan_id == Plan.id, PlanItem.prompt_ordinal == Result.prompt_ordinal))
+            .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
+            .group_by(Result.step)
+        )
+    }
+    extras = pool_history(ctx).strategy_states(s, ctx) if strategy_state(ctx.strategy, ctx.pool) else {}
+    out = []
+    for st in steps:
+        r = by_step.get(st)
+        groups, rollouts, inf, rsum, solved, failed = (r[1:] if r else (0, 0, 0, 0.0, 0, 0))
+        rollouts, inf = int(rollouts or 0), int(inf or 0)
+        p = plans.get(st)
+        c = cal.get(st)
+        out.append(
+            {
+                "step": st,
+                "groups": int(groups or 0),
+                "rollouts": rollouts,
+                "informative_rollouts": inf,
+                "wasted_rollouts": rollouts - inf,
+                "wasted_all_solved": int(solved or 0),
+                "wasted_all_failed": int(failed or 0),
+                "effective_ratio": inf / rollouts if rollouts else None,
+                "mean_reward": float(rsum) / rollouts if rollouts else None,
+                "plan": None
+                if p is None
+                else {
+                    "plan_id": p.id,
+                    "strategy": p.strategy,
+                    "batch_size": p.batch_size,
+                    "rollout_budget": p.rollout_budget,
+                    "compute_ms": p.compute_ms,
+                },
+                "calibration": None
+                if c is None
+                else {
+                    "groups": int(c[1]),
+                    "brier": float(c[2]),
+                    "mean_predicted": float(c[3]),
+                    "mean_observed": float(c[4]),
+                },
+                "strategy_state": extras.get(st, {}),
+            }
+        )
+    return out
+
+
+# -- domains --------------------------------------------------------------------------------
+def domains_now(ctx: RunContext) -> list[dict[str, Any]]:
+    """Per-domain statistics of the current pool (numpy over the pool arrays)."""
+    names = domain_names(ctx)
+    with ctx.lock:
+        pool = ctx.pool
+        d = pool.domain.astype(np.int64)
+        p = pool.predicted_pass_rate()
+        n = pool.rollouts
+        rs = pool.reward_sum
+        k = len(names)
+        cnt = np.bincount(d, minlength=k)
+        roll = np.bincount(d, weights=n, minlength=k)
+        succ = np.bincount(d, weights=rs, minlength=k)
+        psum = np.bincount(d, weights=p, minlength=k)
+        st = state_codes(n, p)
+        states = np.bincount(d * len(STATES) + st, minlength=k * len(STATES)).reshape(k, len(STATES))
+    lo, hi = ctx.reward_range
+    out = []
+    for i, name in enumerate(names):
+        if cnt[i] == 0:
+            continue
+        out.append(
+            {
+                "domain": name,
+                "prompts": int(cnt[i]),
+                "rollouts": int(roll[i]),
+                "mean_reward": float(lo + (hi - lo) * succ[i] / roll[i]) if roll[i] else None,
+                "mean_predicted_pass_rate": float(psum[i] / cnt[i]),
+                "states": dict(zip(STATES, states[i].tolist())),
+            }
+        )
+    return out
+
+
+def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
+    if not steps:
+        return []
+    first, last = steps[0], steps[-1]
+    pj = and_(Prompt.run_pk == ctx.run_pk, Prompt.ordinal == Result.prompt_ordinal)
+    res = s.execute(
+        select(
+            Result.step,
+            Prompt.domain,
+            func.count(),
+            func.sum(Result.n),
+            func.sum(case((Result.informative == true(), Result.n), else_=0)),
+            func.sum(Result.reward_sum),
+        )
+        .select_from(Result)
+        .join(Prompt, pj)
+        .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
+        .group_by(Result.step, Prompt.domain)
+    ).all()
+    planned = s.execute(
+        select(Plan.step, Prompt.domain, func.count(), func.sum(PlanItem.rollouts), Plan.batch_size, Plan.rollout_budget)
+        .select_from(PlanItem)
+        .join(Plan, Plan.id == PlanItem.plan_id)
+        .join(Prompt, and_(Prompt.run_pk == Plan.run_pk, Prompt.ordinal == PlanItem.prompt_ordinal))
+        .where(Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last)
+        .group_by(Plan.step, Prompt.domain, Plan.batch_size, Plan.rollout_budget)
+    ).all()
+    cells: dict[int, dict[str | None, dict[str, Any]]] = {st: {} for st in steps}
+
+    def cell(st, dom):
+        return cells[st].setdefault(
+            dom,
+            {
+                "domain": dom,
+                "planned_prompts": 0,
+                "planned_rollouts": 0,
+                "batch_share": None,
+                "rollout_share": None,
+                "groups": 0,
+                "rollouts": 0,
+                "informative_rollouts": 0,
+                "informative_share": None,
+                "mean_reward": None,
+            },
+        )
+
+    for st, dom, k, r, bs, budget in planned:
+        c = cell(st, dom)
+        c["planned_prompts"], c["planned_rollouts"] = int(k), int(r or 0)
+        c["batch_share"] = int(k) / bs if bs else None
+        c["rollout_share"] = int(r or 0) / budget if budget else None
+    for st, dom, g, n, inf, rsum in res:
+        c = cell(st, dom)
+        n, inf = int(n or 0), int(inf or 0)
+        c.update(
+            groups=int(g),
+            rollouts=n,
+            informative_rollouts=inf,
+            informative_share=inf / n if n else None,
+            mean_reward=float(rsum) / n if n else None,
+        )
+    return [
+        {
+            "step": st,
+            "domains": sorted(cells[st].values(), key=lambda c: (c["domain"] is None, c["domain"] or "")),
+        }
+        for st in steps
+    ]
+
+
+# -- the pool over time: a replay of the log ------------------------------------------------
+@dataclass
+class Snapshot:
+    counts: np.ndarray  # fine histogram of the predicted pass rate (HIST_RESOLUTION bins)
+    mean: float
+    states: list[int]
+    strategy_state: dict[str, Any]
+
+
+@dataclass
+class PoolHistory:
+    """The pool's pass-rate distribution after each step, from a replay of the log.
+
+    The log is replayed in commit order into a fresh ``PoolState`` (same estimator
+    settings as the run); whenever the step of the log changes, a snapshot is taken
+    for the step just finished, so a step's snapshot is the pool after the last
+    report of that step (for a trainer that reports in step order: the pool after
+    step s). The prompts are those registered now. Kept per run context and
+    extended incrementally: only rows after the last replayed ``report_seq`` are read.
+    """
+
+    pool: PoolState
+    report_seq: int = 0
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sync(self, s: Session, ctx: RunContext) -> None:
+        with self.lock:
+            with ctx.lock:
+                target = ctx.report_seq
+                size = ctx.pool.size
+                domain = ctx.pool.domain.copy()
+                prior = ctx.pool.prior_pass_rate.copy()
+            if size:  # the prompts as registered now (domain and prior may have changed)
+                self.pool.set_prompts(np.arange(size, dtype=np.int64), domain, prior)
+            if target <= self.report_seq:
+                return
+            rows = s.execute(
+                select(
+                    Result.report_seq,
+                    Result.prompt_ordinal,
+                    Result.n,
+                    Result.reward_sum,
+                    Result.step,
+                    Result.informative,
+                    Result.abs_adv,
+                    Result.staleness,
+                )
+                .where(Result.run_pk == ctx.run_pk, Result.report_seq > self.report_seq, Result.report_seq <= target)
+                .order_by(Result.report_seq, Result.position)
+            ).all()
+            if rows:
+                cols = [np.asarray(c) for c in zip(*rows)]
+                seqs, steps = cols[0], cols[4]
+                # One observe per report, as live; a snapshot when the step changes.
+                bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, len(seqs)]
+                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                    self.pool.observe(ctx.observations(*(c[a:b] for c in cols[1:])))
+                    if b == len(seqs) or steps[b] != steps[a]:
+                        self.snapshots[int(steps[a])] = self._snapshot(ctx)
+            self.report_seq = target
+
+    def _snapshot(self, ctx: RunContext) -> Snapshot:
+        p = predicted(ctx.strategy, self.pool)
+        st = np.bincount(state_codes(self.pool.rollouts, p), minlength=len(STATES))
+        return Snapshot(
+            counts=_fine_counts(p),
+            mean=float(p.mean()) if p.size else math.nan,
+            states=st.tolist(),
+            strategy_state=strategy_state(ctx.strategy, self.pool),
+        )
+
+    def strategy_states(self, s: Session, ctx: RunContext) -> dict[int, dict[str, Any]]:
+        self.sync(s, ctx)
+        return {st: snap.strategy_state for st, snap in self.snapshots.items()}
+
+
+_HISTORY_LOCK = threading.Lock()
+
+
+def pool_history(ctx: RunContext) -> PoolHistory:
+    """The replay kept with the run's context (rebuilt when the context is)."""
+    with _HISTORY_LOCK:
+        h = getattr(ctx, "_pool_history", None)
+        if h is None:
+            h = PoolHistory(ctx.strategy.make_pool())
+            ctx._pool_history = h  # type: ignore[attr-defined]
+        return h
+
+
+def current_pool(ctx: RunContext) -> dict[str, Any]:
+    with ctx.lock:
+        p = predicted(ctx.strategy, ctx.pool)
+        st = np.bincount(state_codes(ctx.pool.rollouts, p), minlength=len(STATES))
+        counts = _fine_counts(p)
+        extra = strategy_state(ctx.strategy, ctx.pool)
+    return {
+        "prompts": int(p.size),
+        "counts": counts,
+        "mean_predicted_pass_rate": float(p.mean()) if p.size else None,
+        "states": dict(zip(STATES, st.tolist())),
+        "strategy_state": extra,
+    }
+
+
+# -- prompts: filter and sort over the pool -------------------------------------------------
+SORT_KEYS = ("ordinal", "predicted_pass_rate", "rollouts", "last_step", "mean_reward")
+
+
+def prompt_keys(ctx: RunContext, sort: str) -> np.ndarray:
+    pool = ctx.pool
+    if sort == "ordinal":
+        return np.arange(pool.size, dtype=np.float64)
+    if sort == "predicted_pass_rate":
+        return predicted(ctx.strategy, pool)
+    if sort == "rollouts":
+        return pool.rollouts.astype(np.float64)
+    if sort == "last_step":
+        return pool.last_step.astype(np.float64)  # -1: never reported
+    if sort == "mean_reward":
+        n = pool.rollouts
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, pool.reward_sum / np.maximum(n, 1), -1.0)  # -1: no rollouts yet
+    raise ValueError(sort)
+
+
+def select_prompts(
+    ctx: RunContext,
+    *,
+    sort: str = "ordinal",
+    descending: bool = False,
+    domain: str | None = None,
+    state: str | None = None,
+    min_pass_rate: float | None = None,
+    max_pass_rate: float | None = None,
+    min_rollouts: int | None = None,
+    max_rollouts: int | None = None,
+    after: tuple[float, int] | None = None,
+    limit: int = 100,
+) -> tuple[list[int], tuple[float, int] | None]:
+    """One page of prompt ordinals matching the filters, ordered by ``sort`` (ties by
+    ordinal), after the keyset cursor ``after = (key, ordinal)``; and the next cursor."""
+    with ctx.lock:
+        pool = ctx.pool
+        size = pool.size
+        mask = np.ones(size, bool)
+        if domain is not None:
+            code = ctx.domain_codes.get(domain)
+            if code is None:
+                return [], None
+            mask &= pool.domain == code
+        wants_p = state or min_pass_rate is not None or max_pass_rate is not None
+        p = predicted(ctx.strategy, pool) if wants_p else None
+        if state is not None:
+            mask &= state_codes(pool.rollouts, p) == STATES.index(state)
+        if min_pass_rate is not None:
+            mask &= p >= min_pass_rate
+        if max_pass_rate is not None:
+            mask &= p <= max_pass_rate
+        if min_rollouts is not None:
+            mask &= pool.rollouts >= min_rollouts
+        if max_rollouts is not None:
+            mask &= pool.rollouts <= max_rollouts
+        key = prompt_keys(ctx, sort)
+    if descending:
+        key = -key
+    ords = np.arange(size, dtype=np.int64)
+    if after is not None:
+        kv, ko = after
+        kv = -kv if descending else kv
+        mask &= (key > kv) | ((key == kv) & (ords > ko))
+    idx = np.flatnonzero(mask)
+    want = limit + 1
+    if idx.size > want:
+        t = np.partition(key[idx], want - 1)[want - 1]
+        idx = idx[key[idx] <= t]
+    order = np.lexsort((idx, key[idx]))[:want]
+    page = idx[order]
+    nxt = None
+    if page.size > limit:
+        last = int(page[limit - 1])
+        kv = float(key[last])
+        nxt = (-kv if descending else kv, last)
+        page = page[:limit]
+    return page.tolist(), nxt
+
+
+# -- one prompt's history with its estimate after each report -------------------------------
+def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every reported group of one prompt with its estimate after that group.
+
+    The prompt's groups are replayed, in commit order, through a one-prompt
+    ``PoolState`` built like the run's (the estimator's own update code, not a copy
+    of its formula). The prior is the prompt's current one: the replay's posterior
+    is shifted by the difference between the live posterior and the replay's final
+    one (both hold the same evidence), so the last entry is the current estimate.
+    """
+    rows = s.execute(
+        select(
+            Result.report_seq,
+            Report.report_id,
+            Result.step,
+            Result.n,
+            Result.reward_sum,
+            Result.informative,
+            Result.rewards,
+            Result.abs_adv,
+            Result.staleness,
+        )
+        .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+        .where(Result.run_pk == ctx.run_pk, Result.prompt_ordinal == ordinal)
+        .order_by(Result.report_seq, Result.position)
+    ).all()
+    one = np.zeros(1, np.int64)
+    # The per-prompt Beta posterior (with the run's forgetting), prior shifted to the live one.
+    replay = PoolState(forgetting=ctx.pool.forgetting, prior_strength=ctx.pool.prior_strength)
+    with ctx.lock:
+        replay.set_prompts(one, np.zeros(1, np.int32), ctx.pool.prior_pass_rate[[ordinal]].copy())
+        a_now, b_now = (float(x[0]) for x in ctx.pool.posterior(np.array([ordinal])))
+    post = np.zeros((len(rows), 2))
+    for i, (_, _, st, n, rsum, inf, _, aa, stale) in enumerate(rows):
+        replay.observe(ctx.observations(one, [n], [rsum], [st], [inf], [aa], [stale]))
+        a, b = replay.posterior(one)
+        post[i] = a[0], b[0]
+    if len(rows):
+        post += np.array([a_now, b_now]) - post[-1]
+    history = [
+        {
+            "report_seq": seq,
+            "report_id": rid,
+            "step": st,
+            "n": n,
+            "rewards": rewards,
+            "mean_reward": rsum / n,
+            "informative": bool(inf),
+            "posterior": {"alpha": float(a), "beta": float(b)},
+            "predicted_pass_rate": float(a / (a + b)),
+        }
+        for (seq, rid, st, n, rsum, inf, rewards, _, _), (a, b) in zip(rows, post.tolist())
+    ]
+    planned = [
+        {"step": st, "plan_id": pid, "rollouts": r, "predicted_pass_rate": p}
+        for st, pid, r, p in s.execute(
+            select(Plan.step, Plan.id, PlanItem.rollouts, PlanItem.predicted_pass_rate)
+            .join(Plan, Plan.id == PlanItem.plan_id)
+            .where(Plan.run_pk == ctx.run_pk, PlanItem.prompt_ordinal == ordinal)
+            .order_by(Plan.step)
+        )
+    ]
+    return history, planned
+
+
+# -- export -----------------------------------------------------------------------------------
+EXPORT_COLUMNS = (
+    "report_seq",
+    "report_id",
+    "step",
+    "position",
+    "prompt_id",
+    "domain",
+    "n",
+    "reward_sum",
+    "mean_reward",
+    "informative",
+    "rewards",
+)
+
+
+def export_query(run_pk: int, step_from: int | None, step_to: int | None):
+    q = (
+        select(
+            Result.report_seq,
+            Report.report_id,
+            Result.step,
+            Result.position,
+            Prompt.id,
+            Prompt.domain,
+            Result.n,
+            Result.reward_sum,
+            Result.informative,
+            Result.rewards,
+        )
+        .join(Report, and_(Report.run_pk == Result.run_pk, Report.report_seq == Result.report_seq))
+        .join(Prompt, and_(Prompt.run_pk == Result.run_pk, Prompt.ordinal == Result.prompt_ordinal))
+        .where(Result.run_pk == run_pk)
+        .order_by(Result.report_seq, Result.position)
+    )
+    if step_from is not None:
+        q = q.where(Result.step >= step_from)
+    if step_to is not None:
+        q = q.where(Result.step <= step_to)
+    return q
+
+
+def export_record(row) -> dict[str, Any]:
+    seq, rid, st, pos, pid, dom, n, rsum, inf, rewards = row
+    return {
+        "report_seq": seq,
+        "report_id": rid,
+        "step": st,
+        "position": pos,
+        "prompt_id": pid,
+        "domain": dom,
+        "n": n,
+        "reward_sum": rsum,
+        "mean_reward": rsum / n,
+        "informative": bool(inf),
+        "rewards": rewards,
+    }
+
+
+def ndjson_line(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, separators=(",", ":")) + "\n"

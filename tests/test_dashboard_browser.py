@@ -1,0 +1,235 @@
+"""The dashboard in a real headless Chromium (Selenium + Debian's chromium and
+chromium-driver packages) against a real ``rollplan serve`` filled by a simulated run.
+
+Needs: ``apt-get install -y chromium chromium-driver`` and ``pip install -e '.[dev]'``
+(selenium is in the ``ui-test`` extra, included in ``dev``). Without Chromium these
+tests are skipped with the reason — unless ``ROLLPLAN_REQUIRE_BROWSER=1`` (as in CI),
+where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from urllib.parse import quote
+
+import httpx
+import pytest
+from conftest import ServerProcess
+from sim import simulate
+
+CHROMIUM = os.environ.get("ROLLPLAN_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("ROLLPLAN_CHROMEDRIVER", shutil.which("chromedriver") or "/usr/bin/chromedriver")
+REQUIRE = os.environ.get("ROLLPLAN_REQUIRE_BROWSER", "") not in ("", "0", "false")
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def _missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    for what, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)):
+        if not os.access(path, os.X_OK):
+            return f"{what} not found at {path} (apt-get install -y chromium chromium-driver)"
+    return None
+
+
+MISSING = _missing()
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(MISSING is not None and not REQUIRE, reason=f"browser tests need Chromium: {MISSING}"),
+]
+
+SIM = dict(run_id="sim-run", n_prompts=300, steps=20, batch_size=32, rollouts=8, seed=7)
+
+
+def make_driver(profile_dir):
+    if MISSING is not None:
+        pytest.fail(f"ROLLPLAN_REQUIRE_BROWSER is set but {MISSING}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in CHROME_FLAGS:
+        opts.add_argument(flag)
+    opts.add_argument(f"--user-data-dir={profile_dir}")
+    opts.add_argument("--window-size=1400,1000")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """One real server on SQLite with a 300-prompt, 20-step simulated run."""
+    d = tmp_path_factory.mktemp("ui")
+    server = ServerProcess(f"sqlite:///{d / 'ui.db'}", d).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            sim = simulate(c, **SIM)
+        yield server, sim
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = make_driver(tmp_path_factory.mktemp("chromium-profile"))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def api(server, path, **params):
+    r = httpx.get(server.url + path, params=params, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def open_page(driver, url):
+    """Load a page and wait until its first data load finished."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get_log("browser")  # drop entries of earlier pages
+    driver.get(url)
+    WebDriverWait(driver, 60).until(lambda d: int(d.execute_script("return document.body.dataset.loaded || 0")) >= 1)
+    assert "bad" not in driver.find_element("id", "status").get_attribute("class"), \
+        driver.find_element("id", "status").text
+
+
+def assert_no_console_errors(driver):
+    logs = driver.get_log("browser")
+    errors = [e for e in logs if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, errors
+
+
+def attrs(driver, css, attr):
+    """An attribute of every element matching ``css``, read in one go (no stale elements)."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute(arguments[1]))", css, attr)
+
+
+def series(driver, element_id):
+    return json.loads(driver.find_element("id", element_id).get_attribute("data-series"))
+
+
+def test_runs_page(live, browser):
+    server, sim = live
+    open_page(browser, server.url + "/ui/?refresh=0")
+    row = browser.find_element("css selector", f'tr[data-run="{sim.run_id}"]')
+    stats = api(server, f"/v1/runs/{sim.run_id}")["stats"]
+    assert f"{stats['rollouts']:,}" in row.text and "beta" in row.text
+    assert_no_console_errors(browser)
+
+
+def test_run_page_charts_show_the_api_data(live, browser):
+    server, sim = live
+    base = f"/v1/runs/{sim.run_id}"
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+
+    tl = api(server, base + "/timeline")["items"]
+    got = series(browser, "chart-rollouts")
+    assert got["x"] == [t["step"] for t in tl] == list(range(SIM["steps"]))
+    assert got["series"]["rollouts"] == [t["rollouts"] for t in tl]
+    assert got["series"]["informative"] == [t["informative_rollouts"] for t in tl]
+    assert got["series"]["wasted: all solved"] == [t["wasted_all_solved"] for t in tl]
+    assert got["series"]["wasted: all failed"] == [t["wasted_all_failed"] for t in tl]
+    assert series(browser, "chart-reward")["series"]["mean reward"] == pytest.approx([t["mean_reward"] for t in tl])
+    assert series(browser, "chart-calibration")["series"]["Brier"] == pytest.approx([t["calibration"]["brier"] for t in tl])
+    assert series(browser, "chart-latency")["series"]["compute ms"] == pytest.approx([t["plan"]["compute_ms"] for t in tl])
+
+    hist = api(server, base + "/pass-rate-histogram", bins=20)
+    heat = series(browser, "heatmap")
+    assert heat["steps"] == [h["step"] for h in hist["items"]]
+    assert heat["counts"] == [h["counts"] for h in hist["items"]]
+    assert len(heat["counts"][0]) == 20 and sum(heat["counts"][-1]) == SIM["n_prompts"]
+    states = series(browser, "chart-states")["series"]
+    assert states["frontier"] == [h["states"]["frontier"] for h in hist["items"]]
+
+    dom = api(server, base + "/domains")
+    shares = series(browser, "chart-domains")["series"]
+    assert set(shares) == {"math", "code", "logic"}
+    for name in shares:
+        want = [next(d["batch_share"] for d in s["domains"] if d["domain"] == name) if any(
+            d["domain"] == name for d in s["domains"]) else 0 for s in dom["items"]]
+        assert shares[name] == pytest.approx(want)
+    domain_rows = browser.find_elements("css selector", "#domains tbody tr")
+    assert sorted(r.get_attribute("data-domain") for r in domain_rows) == ["code", "logic", "math"]
+
+    # The charts were drawn: uPlot canvases and the heatmap canvas have pixels.
+    for cid in ("chart-rollouts", "chart-reward", "chart-calibration", "chart-domains", "chart-states"):
+        assert browser.find_elements("css selector", f"#{cid} canvas"), cid
+    assert browser.execute_script("return document.querySelector('#heatmap canvas').width") > 0
+
+    stats = api(server, base)["stats"]
+    cards = {c.get_attribute("data-card"): c.text for c in browser.find_elements("css selector", ".card")}
+    assert f"{stats['rollouts']:,}" in cards["rollouts"]
+    assert f"{stats['rollouts'] - stats['informative_rollouts']:,}" in cards["wasted"]
+    assert '"name": "beta"' in browser.find_element("id", "config").text
+    waste = browser.find_element("id", "waste").text
+    assert f"{sum(t['wasted_all_solved'] for t in tl):,}" in waste
+    frontier = api(server, base + "/prompts", state="frontier", sort="predicted_pass_rate", order="desc", limit=50)
+    assert attrs(browser, "#prompts tbody tr", "data-prompt") == [p["id"] for p in frontier["items"]]
+    assert frontier["items"] and all(p["state"] == "frontier" for p in frontier["items"])
+    assert_no_console_errors(browser)
+
+
+def test_filter_and_click_through_to_a_prompt(live, browser):
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    server, sim = live
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    form = browser.find_element("id", "prompt-filter")
+    Select(form.find_element("name", "domain")).select_by_value("code")
+    Select(form.find_element("name", "sort")).select_by_value("rollouts")
+    Select(form.find_element("name", "order")).select_by_value("desc")
+    # The table opens on the frontier; look at all states of one domain by rollouts.
+    assert Select(form.find_element("name", "state")).first_selected_option.get_attribute("value") == "frontier"
+    Select(form.find_element("name", "state")).select_by_value("")
+    want = api(server, f"/v1/runs/{sim.run_id}/prompts", domain="code", sort="rollouts", order="desc", limit=50)["items"]
+    form.find_element("css selector", "button[type=submit]").click()
+    WebDriverWait(browser, 30).until(lambda d: attrs(d, "#prompts tbody tr", "data-prompt") == [p["id"] for p in want])
+    top = want[0]
+    assert top["rollouts"] > 0 and top["domain"] == "code"
+    browser.find_element("css selector", f'#prompts tr[data-prompt="{top["id"]}"] a').click()
+    WebDriverWait(browser, 30).until(lambda d: "/prompts/" in d.current_url)
+    WebDriverWait(browser, 60).until(lambda d: int(d.execute_script("return document.body.dataset.loaded || 0")) >= 1)
+    assert browser.current_url.endswith("/ui/runs/" + sim.run_id + "/prompts/" + quote(top["id"], safe=""))
+    assert browser.find_element("id", "prompt-id").text == top["id"]
+
+    trace = api(server, f"/v1/runs/{sim.run_id}/prompt-history/{quote(top['id'], safe='')}")
+    rows = browser.find_elements("css selector", "#history tbody tr")
+    assert len(rows) == len(trace["history"]) == top["groups"]
+    assert [int(r.get_attribute("data-step")) for r in rows] == [h["step"] for h in trace["history"]]
+    est = series(browser, "chart-estimate")
+    assert est["x"] == [h["step"] for h in trace["history"]]  # one group per step in this simulation
+    assert est["series"]["predicted pass rate"] == pytest.approx([h["predicted_pass_rate"] for h in trace["history"]])
+    assert est["series"]["observed group mean"] == pytest.approx([h["mean_reward"] for h in trace["history"]])
+    assert len(browser.find_elements("css selector", "#planned tbody tr")) == len(trace["planned"])
+    assert trace["text"] in browser.find_element("id", "prompt-text").text
+    assert_no_console_errors(browser)
+
+
+def test_run_page_refreshes_while_live(live, browser):
+    """New reports show up without reloading the page."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, _ = live
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        sim = simulate(c, run_id="live-run", n_prompts=40, steps=2, batch_size=8, seed=3)
+        open_page(browser, server.url + "/ui/runs/live-run?refresh=1")
+        assert series(browser, "chart-rollouts")["x"] == [0, 1]
+        plan = c.post("/v1/runs/live-run/plans", json={"batch_size": 8, "step": 2}).json()
+        r = c.post("/v1/runs/live-run/results", json={"report_id": "late", "step": 2, "plan_id": plan["plan_id"],
+                   "results": [{"prompt_id": it["prompt_id"], "rewards": [1, 0] * 4} for it in plan["items"]]})
+        assert r.status_code == 200
+    WebDriverWait(browser, 60).until(lambda d: series(d, "chart-rollouts")["x"] == [0, 1, 2])
+    assert series(browser, "chart-rollouts")["series"]["informative"][2] == 64
+    assert len(sim.plans) == 2
+    assert_no_console_errors(browser)
