@@ -64,7 +64,7 @@ def _app():
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def bench(
         ctx: typer.Context,
-        which: str = typer.Argument(..., help="Which benchmark: speed."),
+        which: str = typer.Argument(..., help="Which benchmark: " + ", ".join(BENCHMARKS) + "."),
     ) -> None:
         """Run a benchmark; the remaining options go to it (e.g. --smoke, --out DIR)."""
         import importlib
@@ -76,7 +76,11 @@ def _app():
     return app
 
 
-BENCHMARKS = {"speed": "rollplan.benchmarks.speed"}
+BENCHMARKS = {
+    "speed": "rollplan.benchmarks.speed",
+    "core": "rollplan.benchmarks.core",
+    "sim": "rollplan.benchmarks.sim",
+}
 
 
 if __name__ == "__main__":

@@ -294,6 +294,11 @@ class Engine:
         ).all()
         return [{"step": st, "strategy": spec} for st, spec in rows]
 
+    def strategy_state(self, session: Session, run: Run) -> dict[str, Any]:
+        ctx = self.context(session, run)
+        with ctx.lock:
+            return ctx.strategy.inspect(ctx.pool)
+
     def stats(self, session: Session, run: Run) -> schemas.RunStats:
         steps = session.scalar(select(func.count()).select_from(RunStep).where(RunStep.run_pk == run.pk))
         return schemas.RunStats(
@@ -682,6 +687,7 @@ class Engine:
             pool = ctx.pool
             a, b = pool.posterior(o)
             pred = ctx.strategy.predict(pool, o, pool.step + 1)
+            extras = ctx.strategy.prompt_estimates(pool, o, pool.step + 1)
             n = pool.rollouts[o]
             g = pool.groups[o]
             rs = pool.reward_sum[o]
@@ -706,6 +712,7 @@ class Engine:
                     "posterior": {"alpha": float(a[i]), "beta": float(b[i])},
                     "last_step": int(last[i]) if last[i] >= 0 else None,
                     "state": STATES[states[i]],
+                    "strategy_estimates": {k: float(v[i]) for k, v in extras.items()},
                 }
             )
         return out

@@ -507,3 +507,27 @@ def test_extend_caps_at_max_rollouts(client):
     report(client, "p", 0, [(ids[0], [1, 0, 0, 1]), (ids[1], [0, 1, 0, 0])], plan_id=plan["plan_id"])
     ext = client.post(f"/v1/runs/run-1/plans/{plan['plan_id']}/extend", json={"extra_budget": 100}).json()
     assert ext["allocated"] == 4 and all(i["rollouts"] == 2 for i in ext["items"])
+
+
+@pytest.mark.parametrize(
+    "strategy, run_key, prompt_keys",
+    [
+        ("dump", "arm_weights", set()),
+        ("dps", None, {"p_unsolved", "p_partially_solved", "p_solved"}),
+        ("greso", "p_base", {"skip_probability"}),
+        ("default", "skill", {"skill_minus_difficulty", "skill_minus_difficulty_sd"}),
+    ],
+)
+def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_keys):
+    make_run(client, n_prompts=30, strategy={"name": strategy})
+    for step in range(3):
+        plan = client.post("/v1/runs/run-1/plans", json={"batch_size": 6, "step": step}).json()
+        report(client, f"s{step}", step, [(i["prompt_id"], [1, 0, 1, 0, 0, 0, 1, 1]) for i in plan["items"]])
+    run = client.get("/v1/runs/run-1").json()
+    if run_key:
+        assert run_key in run["strategy_state"]
+    p = client.get("/v1/runs/run-1/prompts", params={"limit": 30}).json()["items"]
+    assert all(set(x["strategy_estimates"]) == prompt_keys for x in p)
+    if strategy == "dps":
+        seen = [x for x in p if x["rollouts"]]
+        assert all(x["strategy_estimates"]["p_partially_solved"] > 0.4 for x in seen)

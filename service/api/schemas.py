@@ -84,6 +84,9 @@ class RunOut(BaseModel):
         default_factory=list, description="Mid-run strategy changes, oldest first."
     )
     warm_start_from: str | None = None
+    strategy_state: dict[str, Any] = Field(
+        default_factory=dict, description="The strategy's run-level state: bandit weights, skills, targets."
+    )
     rollouts_per_prompt: int
     min_rollouts: int
     max_rollouts: int
@@ -132,6 +135,11 @@ class PromptOut(BaseModel):
     predicted_pass_rate: float
     pass_rate_interval: tuple[float, float] = Field(description="90% credible interval of the pass rate.")
     posterior: dict[str, float] = Field(description="Beta posterior of the pass rate: alpha, beta.")
+    strategy_estimates: dict[str, float] = Field(
+        default_factory=dict,
+        description="The run strategy's own per-prompt estimates: HMM state probabilities (dps), skip "
+        "probability (greso), skill − difficulty on the logit scale (frontier, default).",
+    )
     last_step: int | None
     state: str | None = Field(
         None,

@@ -55,6 +55,7 @@ def _run_out(engine, session, run: Run) -> schemas.RunOut:
         strategy=schemas.StrategySpec(**current_strategy(cfg)),
         strategy_history=engine.strategy_history(session, run),
         warm_start_from=cfg.get("warm_start_from"),
+        strategy_state=engine.strategy_state(session, run),
         rollouts_per_prompt=cfg["rollouts_per_prompt"],
         min_rollouts=cfg["min_rollouts"],
         max_rollouts=cfg["max_rollouts"],

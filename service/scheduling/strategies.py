@@ -92,6 +92,10 @@ class Strategy:
         """Predicted pass rates (for plans, calibration and the API)."""
         return pool.predicted_pass_rate(idx)
 
+    def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        """Per-prompt estimates of this strategy's own model, for the API (arrays over idx)."""
+        return {}
+
     def inspect(self, pool: PoolState) -> dict:
         """The strategy's run-level state, for the API (bandit weights …)."""
         out: dict = {}
@@ -222,6 +226,13 @@ class Frontier(Strategy):
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
         return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
 
+    def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        from .irt import prior_logit
+
+        model = pool.trackers["skill"].model  # type: ignore[attr-defined]
+        x, v = model.logit(idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), max(step, pool.step))
+        return {"skill_minus_difficulty": x, "skill_minus_difficulty_sd": np.sqrt(v)}
+
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: FrontierParams = self.params  # type: ignore[assignment]
         tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
@@ -264,6 +275,10 @@ class DPS(Strategy):
         pool = PoolState()
         pool.trackers["hmm"] = HMMTracker(SolveStateHMM(p.forgetting, p.emission, p.pooled))
         return pool
+
+    def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        b = pool.trackers["hmm"].hmm.beliefs(idx, max(step, pool.step + 1))  # type: ignore[attr-defined]
+        return {"p_unsolved": b[:, 0], "p_partially_solved": b[:, 1], "p_solved": b[:, 2]}
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: DPSParams = self.params  # type: ignore[assignment]
@@ -508,6 +523,9 @@ class GRESO(Strategy):
         pool = PoolState()
         pool.trackers["greso"] = GRESOTracker(p.p_base, p.target_zero_variance)
         return pool
+
+    def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        return {"skip_probability": pool.trackers["greso"].skip_prob(idx)}  # type: ignore[attr-defined]
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: GRESOParams = self.params  # type: ignore[assignment]
