@@ -349,3 +349,23 @@ def test_extend_keeps_the_pilot_band():
     extra = s.extend(pool, np.arange(5), n, k, 20, np.full(5, 10))
     assert extra[0] == 0 and extra[4] == 0 and extra.sum() == 20 and extra.max() <= 10
     assert extra[2] >= extra[1]
+
+
+def test_zppo_replays_hard_prompts_until_they_graduate():
+    s = strat.build("zppo", {"replay_fraction": 0.5})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(200), np.zeros(200, np.int32), np.full(200, np.nan))
+    pool.observe(obs(np.arange(10), 8, np.full(10, 1.0)))  # 10 hard prompts (1/8)
+    d = s.plan(pool, strat.PlanRequest(8, 64, 1, 64, 1), strat.plan_rng("r", 1, "zppo"))
+    assert np.sum(d.ordinals < 10) >= 4 and len(np.unique(d.ordinals)) == 8
+    pool.observe(obs(np.arange(10), 8, np.full(10, 6.0)))  # all graduate
+    assert len(pool.trackers["replay"].buffer) == 0
+
+
+def test_plr_never_starves_stale_prompts():
+    s = strat.build("plr", {"rho": 1.0})  # all weight on staleness
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(100), np.zeros(100, np.int32), np.full(100, np.nan))
+    pool.observe(obs(np.arange(50), 8, np.full(50, 4.0), step=9))  # half seen just now
+    d = s.plan(pool, strat.PlanRequest(20, 160, 1, 64, 10), strat.plan_rng("r", 10, "plr"))
+    assert np.mean(d.ordinals >= 50) > 0.8  # the never-seen (stalest) ones first

@@ -26,7 +26,15 @@ from . import allocation, bandits, selection
 from .hmm import SolveStateHMM
 from .irt import SkillDifficultyModel
 from .pool import PoolState
-from .trackers import AdaRFTTracker, ArmBandit, GDROTracker, GRESOTracker, HMMTracker, SkillTracker
+from .trackers import (
+    AdaRFTTracker,
+    ArmBandit,
+    GDROTracker,
+    GRESOTracker,
+    HMMTracker,
+    ReplayTracker,
+    SkillTracker,
+)
 
 
 @dataclass(frozen=True)
@@ -540,6 +548,70 @@ class GRESO(Strategy):
         return PlanDecision(chosen, rollouts, pool.predicted_pass_rate(chosen))
 
 
+# -- ZPPO replay and PLR staleness ------------------------------------------------------
+class ZPPOParams(BetaParams):
+    replay_fraction: float = Field(0.25, ge=0.0, le=1.0, description="Share of the batch drawn from the buffer.")
+    capacity: int = Field(10_000, ge=1, le=100_000_000, description="Buffer size (FIFO eviction beyond).")
+    threshold: float = Field(0.5, gt=0.0, le=1.0, description="Mean accuracy at which a prompt graduates.")
+    hierarchical: bool = Field(True, description="Empirical-Bayes domain prior for the fresh part.")
+
+
+class ZPPO(BetaThompson):
+    name = "zppo"
+    description = (
+        "ZPPO-style replay: prompts whose groups scored below a mean accuracy of 0.5 stay in a FIFO buffer "
+        "until a later group reaches it (they graduate); a share of each batch replays them, the rest is "
+        "chosen like `beta`."
+    )
+    Params = ZPPOParams
+
+    def make_pool(self) -> PoolState:
+        p: ZPPOParams = self.params  # type: ignore[assignment]
+        pool = super().make_pool()
+        pool.trackers["replay"] = ReplayTracker(selection.ReplayBuffer(p.capacity, p.threshold))
+        return pool
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        p: ZPPOParams = self.params  # type: ignore[assignment]
+        members = pool.trackers["replay"].buffer.members()  # type: ignore[attr-defined]
+        k = min(members.size, int(round(p.replay_fraction * req.batch_size)))
+        replay = rng.choice(members, size=k, replace=False) if k else np.zeros(0, np.int64)
+        inner = PlanRequest(req.batch_size + k, (req.batch_size + k) * 8, 1, 64, req.step)  # selection only
+        fresh = super().plan(pool, inner, rng).ordinals
+        fresh = fresh[~np.isin(fresh, replay)][: req.batch_size - k]
+        chosen = np.concatenate([replay, fresh]).astype(np.int64)
+        mean = pool.predicted_pass_rate(chosen)
+        return PlanDecision(chosen, allocate(p.allocator, mean, req), mean)
+
+
+class PLRParams(StrategyParams):
+    beta: float = Field(0.1, gt=0.0, le=10.0, description="Rank temperature: h = 1/rank^(1/β).")
+    rho: float = Field(0.1, ge=0.0, le=1.0, description="Staleness mixing weight.")
+    candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6)
+
+
+class PLR(Strategy):
+    name = "plr"
+    description = (
+        "Prioritized Level Replay: rank-prioritised sampling by learnability p(1−p) from the hierarchical Beta "
+        "posterior, mixed with staleness (steps since last rolled out) so no prompt is starved forever."
+    )
+    Params = PLRParams
+
+    def make_pool(self) -> PoolState:
+        return PoolState(hierarchical=True)
+
+    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
+        p: PLRParams = self.params  # type: ignore[assignment]
+        cand = selection.candidate_pool(pool.size, req.batch_size, p.candidate_multiplier, rng)
+        mean = pool.predicted_pass_rate(cand)
+        stale = np.where(pool.last_step[cand] >= 0, max(req.step, pool.step) - pool.last_step[cand], req.step + 1)
+        probs = selection.plr_scores(selection.learnability(mean), np.maximum(stale, 0), beta=p.beta, rho=p.rho)
+        pick = selection.sample_without_replacement(probs, req.batch_size, rng)
+        rollouts = allocation.equal(req.batch_size, req.rollout_budget, req.min_rollouts, req.max_rollouts)
+        return PlanDecision(cand[pick], rollouts, mean[pick])
+
+
 # -- budget allocation strategies -----------------------------------------------------
 class Knapsack(BetaThompson):
     name = "knapsack"
@@ -594,6 +666,8 @@ REGISTRY: dict[str, type[Strategy]] = {
         GRESO,
         Knapsack,
         PilotCommit,
+        ZPPO,
+        PLR,
     )
 }
 

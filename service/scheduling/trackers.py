@@ -157,3 +157,22 @@ class GRESOTracker:
 
     def inspect(self) -> dict:
         return {"p_base": self.p_base}
+
+
+class ReplayTracker:
+    """ZPPO's hard-prompt replay buffer: a prompt whose group's mean accuracy is below
+    the threshold enters; it graduates when a later group reaches it."""
+
+    def __init__(self, buffer: selection.ReplayBuffer) -> None:
+        self.buffer = buffer
+
+    def grow(self, size: int, n_domains: int) -> None:
+        self.buffer.grow(size)
+
+    def observe(self, pool: PoolState, obs: Observations) -> None:
+        acc = obs.successes / np.maximum(obs.n, 1)
+        self.buffer.graduate(obs.ordinals, acc)
+        self.buffer.add(obs.ordinals, int(obs.step.max()), acc)
+
+    def inspect(self) -> dict:
+        return {"replay_buffer": len(self.buffer)}
