@@ -37,7 +37,7 @@ from .inspection import STATES, state_codes
 from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
-from .storage.db import write_session
+from .storage.db import bulk_insert, write_session
 from .storage.models import (
     Plan,
     PlanExtension,
@@ -52,6 +52,10 @@ from .storage.models import (
 
 
 WARM_START_MAX_STRENGTH = 20.0
+RESULT_COLUMNS = (
+    "run_pk", "report_seq", "position", "prompt_ordinal", "step", "n", "reward_sum", "informative", "abs_adv",
+    "staleness", "rewards",
+)
 
 
 def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
@@ -389,7 +393,7 @@ class Engine:
             todo[i]["prior_strength"] = min(aa + bb, WARM_START_MAX_STRENGTH)
 
     # -- plans --------------------------------------------------------------------
-    def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, schemas.PlanOut]:
+    def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, dict[str, Any]]:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
         with write_session(self.sessions, run_id) as s:
@@ -436,19 +440,7 @@ class Engine:
             )
             s.add(plan)
             s.flush()
-            s.execute(
-                insert(PlanItem),
-                [
-                    {"plan_id": plan.id, "position": i, "prompt_ordinal": o, "rollouts": r, "predicted_pass_rate": p}
-                    for i, (o, r, p) in enumerate(
-                        zip(
-                            decision.ordinals.tolist(),
-                            decision.rollouts.tolist(),
-                            decision.predicted_pass_rate.tolist(),
-                        )
-                    )
-                ],
-            )
+            self._insert_plan_items(s, plan.id, 0, 0, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
             self._mark_step(s, run.pk, step)
             run.n_plans += 1
             out = self._plan_out(ctx, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
@@ -506,17 +498,21 @@ class Engine:
                 pred = ctx.strategy.predict(ctx.pool, ords, plan.step)
             s.add(PlanExtension(plan_id=plan.id, extra_budget=body.extra_budget))
             sel = np.flatnonzero(extra > 0)
-            if sel.size:
-                s.execute(
-                    insert(PlanItem),
-                    [
-                        {"plan_id": plan.id, "position": plan.batch_size + j, "prompt_ordinal": int(ords[i]),
-                         "rollouts": int(extra[i]), "predicted_pass_rate": float(pred[i]), "phase": 1}
-                        for j, i in enumerate(sel.tolist())
-                    ],
-                )
             s.flush()
+            self._insert_plan_items(s, plan.id, 1, plan.batch_size, ords[sel], extra[sel], pred[sel])
             return True, self._extension_out(s, ctx, plan, body.extra_budget)
+
+    @staticmethod
+    def _insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted) -> None:
+        rows = [
+            (plan_id, first + i, o, r, p, phase)
+            for i, (o, r, p) in enumerate(
+                zip(np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist())
+            )
+        ]
+        bulk_insert(
+            s, "plan_items", ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase"), rows
+        )
 
     def _extension_out(self, s: Session, ctx: RunContext, plan: Plan, extra_budget: int) -> schemas.ExtendOut:
         rows = s.execute(
@@ -530,7 +526,7 @@ class Engine:
             items=items,
         )
 
-    def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> schemas.PlanOut:
+    def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> dict[str, Any]:
         rows = s.execute(
             select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
             .where(PlanItem.plan_id == plan.id, PlanItem.phase == 0)
@@ -540,19 +536,22 @@ class Engine:
         return self._plan_out(ctx, plan, o, r, p)
 
     @staticmethod
-    def _plan_out(ctx: RunContext, plan: Plan, ordinals, rollouts, predicted) -> schemas.PlanOut:
+    def _plan_out(ctx: RunContext, plan: Plan, ordinals, rollouts, predicted) -> dict[str, Any]:
+        """The plan as the API answers it (built as plain data: a plan has thousands of items)."""
         ids = ctx.ids
-        return schemas.PlanOut(
-            plan_id=plan.id,
-            step=plan.step,
-            strategy=plan.strategy,
-            batch_size=plan.batch_size,
-            rollout_budget=plan.rollout_budget,
-            items=[
-                schemas.PlanItemOut(prompt_id=ids[o], rollouts=r, predicted_pass_rate=p)
-                for o, r, p in zip(np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist())
+        return {
+            "plan_id": plan.id,
+            "step": plan.step,
+            "strategy": plan.strategy,
+            "batch_size": plan.batch_size,
+            "rollout_budget": plan.rollout_budget,
+            "items": [
+                {"prompt_id": ids[o], "rollouts": r, "predicted_pass_rate": p}
+                for o, r, p in zip(
+                    np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist()
+                )
             ],
-        )
+        }
 
     # -- results ------------------------------------------------------------------
     def report(self, run_id: str, body: schemas.ResultsIn) -> schemas.ResultsAck:
@@ -652,30 +651,13 @@ class Engine:
 
     @staticmethod
     def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, groups) -> None:
-        """One bulk write: COPY on PostgreSQL, one executemany on SQLite."""
+        """The report's rows of the reward log, in one bulk write."""
         cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist())
-        if s.get_bind().dialect.name == "postgresql":
-            lines = [
-                f"{run_pk}\t{seq}\t{i}\t{o}\t{step}\t{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}\t{staleness}\t"
-                f"{json.dumps(g.rewards)}\n"
-                for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
-            ]
-            dbapi = s.connection().connection.dbapi_connection
-            with dbapi.cursor() as cur:
-                with cur.copy(
-                    "COPY results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, "
-                    "informative, abs_adv, staleness, rewards) FROM STDIN"
-                ) as cp:
-                    cp.write("".join(lines))
-            return
-        s.connection().exec_driver_sql(
-            "INSERT INTO results (run_pk, report_seq, position, prompt_ordinal, step, n, reward_sum, informative, "
-            "abs_adv, staleness, rewards) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (run_pk, seq, i, o, step, n, r, inf, aa, staleness, json.dumps(g.rewards))
-                for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
-            ],
-        )
+        rows = [
+            (run_pk, seq, i, o, step, n, r, inf, aa, staleness, json.dumps(g.rewards))
+            for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
+        ]
+        bulk_insert(s, "results", RESULT_COLUMNS, rows)
 
     # -- reads --------------------------------------------------------------------
     def prompt_rows(self, ctx: RunContext, rows: list[Prompt]) -> list[dict[str, Any]]:

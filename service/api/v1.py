@@ -7,6 +7,7 @@ import binascii
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
 from ..engine import current_strategy
@@ -202,9 +203,8 @@ def create_plan(run_id: RunIdPath, body: schemas.PlanIn, engine: EngineDep, resp
     """Which prompts to roll out at a step, and how many rollouts each. The same step
     asked again returns the same stored plan (200); with a different body, 409."""
     created, plan = engine.plan(run_id, body)
-    if not created:
-        response.status_code = status.HTTP_200_OK
-    return plan
+    # Built by the engine in the PlanOut shape; answered without re-validating every item.
+    return JSONResponse(plan, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 @router.post(

@@ -74,3 +74,32 @@ def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Sessi
         except BaseException:
             session.rollback()
             raise
+
+
+def _copy_text(value) -> str:
+    """A value in PostgreSQL COPY text format (our values: numbers, booleans, ids, JSON)."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, float):
+        return repr(value)
+    s = str(value)
+    if "\\" in s or "\t" in s or "\n" in s or "\r" in s:
+        s = s.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return s
+
+
+def bulk_insert(session: Session, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
+    """Insert many rows in one round trip: COPY on PostgreSQL, one executemany on SQLite.
+    JSON columns take already-serialised text."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        text_rows = "".join("\t".join(map(_copy_text, r)) + "\n" for r in rows)
+        dbapi = session.connection().connection.dbapi_connection
+        with dbapi.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as cp:
+            cp.write(text_rows)
+        return
+    marks = ", ".join("?" * len(columns))
+    session.connection().exec_driver_sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
