@@ -14,7 +14,7 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api import v1
+from .api import keys, v1
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge
@@ -96,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.include_router(v1.router)
+    app.include_router(keys.router)
 
     registry = CollectorRegistry()
     requests = Counter("rollplan_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)

@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, inspect
 from rollplan.service.storage import migrate
 from rollplan.service.storage.models import Base
 
-TABLES = {"runs", "prompts", "plans", "plan_items", "reports", "results", "run_steps"}
+TABLES = {"runs", "prompts", "plans", "plan_items", "reports", "results", "run_steps", "api_keys"}
 
 
 def _tables(url):
@@ -24,7 +24,7 @@ def test_upgrade_downgrade_roundtrip(db_url):
     assert _tables(db_url) == set()
     migrate.upgrade(db_url)
     assert _tables(db_url) == TABLES
-    assert migrate.current(db_url) == "0001"
+    assert migrate.current(db_url) == "0002_api_keys"
     migrate.downgrade(db_url, "base")
     assert _tables(db_url) == set()
     assert migrate.current(db_url) is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -176,3 +176,35 @@ class StrategyInfo(BaseModel):
     name: str
     description: str
     params_schema: dict[str, Any]
+
+
+# -- API keys (admin) ---------------------------------------------------------------
+class KeyIn(Strict):
+    scope: Literal["read", "write", "admin"] = Field(
+        ..., description="read < write < admin; a write key can read, an admin key can manage keys."
+    )
+    name: ShortStr | None = Field(None, description="A label for people (who holds the key).")
+    run_ids: list[RunId] | None = Field(
+        None, max_length=1000, description="Bind the key to these runs only (not for admin keys)."
+    )
+    runs_prefix: RunId | None = Field(
+        None, description="Bind the key to runs whose id starts with this (a project), e.g. 'team-a:'."
+    )
+
+
+class KeyOut(BaseModel):
+    key_id: str = Field(description="The key's public id (also embedded in the key itself).")
+    name: str | None
+    scope: str
+    run_ids: list[str] | None
+    runs_prefix: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The key. Shown this once: only its hash is stored.")
+
+
+class KeyPage(BaseModel):
+    items: list[KeyOut]

@@ -13,9 +13,11 @@ from ..errors import Invalid, NotFound
 from ..scheduling import strategies as strat
 from ..storage.models import Prompt, Run
 from . import schemas
-from .deps import EngineDep, SessionDep, SettingsDep, require_key
+from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+# Every route: GET/HEAD need scope read, other methods write; a key bound to runs
+# may only name those runs in the path (403 otherwise).
+router = APIRouter(prefix="/v1", dependencies=[Depends(by_method)])
 
 RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000).")]
@@ -23,7 +25,8 @@ Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor 
 
 PROBLEM = {"content": {"application/problem+json": {}}}
 RESPONSES = {
-    401: {"description": "Missing or invalid API key", **PROBLEM},
+    401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
+    403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
     404: {"description": "Unknown run or prompt", **PROBLEM},
     409: {"description": "Conflicts with the stored state", **PROBLEM},
     413: {"description": "Too many items or too large a body: split the request", **PROBLEM},
@@ -94,9 +97,13 @@ def get_run(run_id: RunIdPath, engine: EngineDep, session: SessionDep):
 
 
 @router.get("/runs", response_model=schemas.RunPage, responses=RESPONSES, tags=["runs"])
-def list_runs(engine: EngineDep, session: SessionDep, limit: Limit = 100, cursor: Cursor = None):
+def list_runs(engine: EngineDep, session: SessionDep, principal: AuthDep, limit: Limit = 100, cursor: Cursor = None):
+    """Page of runs (by id). A key bound to runs sees only those."""
     after = _decode_cursor(cursor)
     q = select(Run).order_by(Run.id).limit(limit + 1)
+    visible = principal.run_filter()
+    if visible is not None:
+        q = q.where(visible)
     if after is not None:
         q = q.where(Run.id > after)
     runs = list(session.scalars(q))
