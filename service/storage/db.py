@@ -43,11 +43,18 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    connect_args = {}
+    if settings.db_statement_timeout_s > 0:
+        # Bounds every statement, waits for the run's advisory lock included: no
+        # request hangs on a stuck transaction (the API answers 503 instead).
+        connect_args["options"] = f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
     return create_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_pre_ping=True,
+        pool_timeout=30,
+        connect_args=connect_args,
     )
 
 
