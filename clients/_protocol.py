@@ -293,7 +293,8 @@ def progress_bar(progress: bool | None, total: int | None) -> Any:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="prompt", desc="Uploading prompts", unit_scale=True)
+    # SI suffixes only where they help: tqdm renders small scaled counts as "10.0/10.0".
+    return tqdm(total=total, unit="prompt", desc="Uploading prompts", unit_scale=bool(total and total >= 100_000))
 
 
 def upsert_prompts(run_id: str, prompts: Iterable[Any], chunk_size: int, progress: bool | None) -> Op[PromptsAck]:
