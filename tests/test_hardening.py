@@ -126,3 +126,30 @@ def test_lock_wait_is_bounded_and_answered_503(make_client, db_url):
     finally:
         engine.dispose()
     assert c.post("/v1/runs/run-1/plans", json={"batch_size": 2, "step": 0}).status_code == 201
+
+
+# -- found by schemathesis ---------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["default", "beta", "uniform"])
+def test_prior_pass_rate_of_zero_or_one_plans(client, strategy):
+    """A prior of exactly 0 or 1 made a Beta parameter 0: Thompson sampling raised (500)."""
+    client.put("/v1/runs/r", json={"strategy": {"name": strategy}})
+    prompts = [{"id": "never", "prior_pass_rate": 0.0}, {"id": "always", "prior_pass_rate": 1.0}]
+    assert client.post("/v1/runs/r/prompts", json={"prompts": prompts}).status_code == 200
+    r = client.post("/v1/runs/r/plans", json={"batch_size": 2, "rollout_budget": 2})
+    assert r.status_code == 201, r.text
+    rates = {i["prompt_id"]: i["predicted_pass_rate"] for i in r.json()["items"]}
+    assert 0 < rates["never"] < 0.01 and 0.99 < rates["always"] < 1
+
+
+def test_timestamps_carry_an_offset(make_client):
+    """SQLite hands back naive datetimes; the API must still answer RFC 3339 date-times."""
+    from datetime import datetime
+
+    c = make_client(api_keys=["admin-key-0123456789abcdef"])
+    auth = {"Authorization": "Bearer admin-key-0123456789abcdef"}
+    run = c.put("/v1/runs/r", json={}, headers=auth).json()
+    key = c.post("/v1/keys", json={"scope": "read"}, headers=auth).json()
+    revoked = c.delete(f"/v1/keys/{key['key_id']}", headers=auth).json()
+    for stamp in [run["created_at"], c.get("/v1/runs/r", headers=auth).json()["created_at"],
+                  key["created_at"], revoked["revoked_at"]]:
+        assert datetime.fromisoformat(stamp.replace("Z", "+00:00")).utcoffset() is not None, stamp

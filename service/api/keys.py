@@ -10,9 +10,11 @@ from .. import auth
 from ..storage.models import ApiKey
 from . import schemas
 from .deps import SessionDep, require_admin
-from .v1 import RESPONSES
+from .v1 import AUTH_RESPONSES, RESPONSES
 
-router = APIRouter(prefix="/v1/keys", dependencies=[Depends(require_admin)], tags=["keys"])
+router = APIRouter(
+    prefix="/v1/keys", dependencies=[Depends(require_admin)], responses=AUTH_RESPONSES, tags=["keys"]
+)
 
 KeyIdPath = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$", description="The key's public id (12 hex characters).")]
 

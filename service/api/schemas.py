@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 PROMPT_ID_PATTERN = r"^[A-Za-z0-9._:/-]{1,200}$"
@@ -25,6 +25,10 @@ Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
 # and finite (1e12 × 4096 rewards is far from float overflow).
 MAX_REWARD_ABS = 1e12
 RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le=MAX_REWARD_ABS)]
+
+
+# SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
+UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
 
 
 class Strict(BaseModel):
@@ -85,7 +89,7 @@ class RunOut(BaseModel):
     max_rollouts: int
     reward_range: tuple[float, float]
     metadata: dict[str, Any]
-    created_at: datetime
+    created_at: UtcDatetime
     stats: RunStats
 
 
@@ -224,8 +228,8 @@ class KeyOut(BaseModel):
     scope: str
     run_ids: list[str] | None
     runs_prefix: str | None
-    created_at: datetime
-    revoked_at: datetime | None
+    created_at: UtcDatetime
+    revoked_at: UtcDatetime | None
 
 
 class KeyCreated(KeyOut):

@@ -17,9 +17,17 @@ from ..storage.models import Prompt, Result, Run
 from . import schemas
 from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method
 
+PROBLEM = {"content": {"application/problem+json": {}}}
+# What any /v1 route may answer before it runs: auth, and a body that is not JSON at all.
+AUTH_RESPONSES = {
+    400: {"description": "The body could not be read as JSON", **PROBLEM},
+    401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
+    403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
+}
+
 # Every route: GET/HEAD need scope read, other methods write; a key bound to runs
 # may only name those runs in the path (403 otherwise).
-router = APIRouter(prefix="/v1", dependencies=[Depends(by_method)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(by_method)], responses=AUTH_RESPONSES)
 
 RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000, or the server's max_page_size).")]
@@ -31,10 +39,8 @@ PromptIdPath = Annotated[
 _RUN_ID_RE = re.compile(schemas.RUN_ID_PATTERN)
 _ORDINAL_RE = re.compile(r"^[0-9]{1,10}$")
 
-PROBLEM = {"content": {"application/problem+json": {}}}
 RESPONSES = {
-    401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
-    403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
+    **AUTH_RESPONSES,
     404: {"description": "Unknown run or prompt", **PROBLEM},
     409: {"description": "Conflicts with the stored state", **PROBLEM},
     413: {"description": "Too many items or too large a body: split the request", **PROBLEM},

@@ -40,6 +40,9 @@ def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
     return out
 
 
+PRIOR_EPS = 1e-3
+
+
 @dataclass
 class PoolState:
     """Statistics every strategy can read, plus the estimators' own arrays."""
@@ -116,7 +119,9 @@ class PoolState:
     # -- reads ------------------------------------------------------------------
     def prior_mean(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         p = self.prior_pass_rate[idx]
-        return np.where(np.isnan(p), 0.5, p)
+        # A prior of exactly 0 or 1 would make a Beta parameter 0 (not a distribution:
+        # Thompson sampling raised and the plan was a 500); keep it strictly inside.
+        return np.clip(np.where(np.isnan(p), 0.5, p), PRIOR_EPS, 1.0 - PRIOR_EPS)
 
     def posterior(self, idx: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """Beta(α, β) of the pass rate of the prompts at ``idx``."""
