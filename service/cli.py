@@ -64,7 +64,7 @@ def _app():
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def bench(
         ctx: typer.Context,
-        which: str = typer.Argument(..., help="Which benchmark: speed."),
+        which: str = typer.Argument(..., help="Which benchmark: speed, load."),
     ) -> None:
         """Run a benchmark; the remaining options go to it (e.g. --smoke, --out DIR)."""
         import importlib
@@ -160,7 +160,7 @@ def _keys_app():
     return keys
 
 
-BENCHMARKS = {"speed": "rollplan.benchmarks.speed"}
+BENCHMARKS = {"speed": "rollplan.benchmarks.speed", "load": "rollplan.benchmarks.load"}
 
 
 if __name__ == "__main__":
