@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -146,13 +147,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _rollplan_error(_: Request, exc: RollplanError):
         return JSONResponse(exc.problem(), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers)
 
-    @app.exception_handler(OperationalError)
-    async def _db_unavailable(_: Request, exc: OperationalError):
-        # Lost connection, statement_timeout, a locked SQLite file: transient; the
-        # transaction was rolled back, so a retry is safe.
-        return _problem(503, "Service unavailable",
-                        f"the database is busy or unreachable ({type(exc.orig).__name__}); retry",
+    async def _db_unavailable(_: Request, exc: Exception):
+        # Lost connection, statement_timeout, a locked SQLite file, no free pooled
+        # connection: transient; the transaction was rolled back, so a retry is safe.
+        what = type(getattr(exc, "orig", None) or exc).__name__
+        return _problem(503, "Service unavailable", f"the database is busy or unreachable ({what}); retry",
                         headers={"Retry-After": "1"})
+
+    app.add_exception_handler(OperationalError, _db_unavailable)
+    app.add_exception_handler(PoolTimeout, _db_unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):
