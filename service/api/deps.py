@@ -94,6 +94,9 @@ def authorize(needed: auth.Scope | None = None):
 
 
 # One instance of each, so FastAPI resolves it once per request wherever it appears.
+# A dashboard goes behind the same keys with
+#     APIRouter(prefix="/ui", dependencies=[Depends(require_read)])
+# (a browser sends the key as the ``rollplan_key`` cookie, honoured for reads).
 by_method = authorize()
 require_read = authorize("read")
 require_write = authorize("write")
