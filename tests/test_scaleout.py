@@ -71,7 +71,7 @@ def test_report_through_one_server_changes_the_next_plan_of_the_other(server_fac
     # whole pool: the plan is a deterministic function of the estimates, and with
     # equal estimates the same batch comes back at every step (the control run).
     # One domain and no priors, so untried prompts all score alike.
-    strategy = {"name": "default", "params": {"thompson": False}}
+    strategy = {"name": "beta", "params": {"thompson": False}}
     for run in ("live", "control"):
         _setup(a.url, run, 8, strategy, domains=None, rollouts_per_prompt=16)
     plan = {"batch_size": 2, "rollout_budget": 32}
