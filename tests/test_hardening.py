@@ -17,34 +17,37 @@ def _cursor(raw: str) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
-@pytest.mark.parametrize(
-    "method, path, kw, needle",
-    [
-        ("post", "/v1/runs/run-1/plans", {"json": {"batch_size": 1, "step": 2**70}}, "step"),
-        ("post", "/v1/runs/run-1/results",
-         {"json": {"report_id": "x", "step": 2**63, "results": [{"prompt_id": "set/0", "rewards": [1]}]}}, "step"),
-        ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "text": "a\x00b"}]}}, "text"),
-        ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "domain": "d\x00"}]}}, "domain"),
-        ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "tags": ["a\nb"]}]}}, "tags"),
-        ("post", "/v1/runs/run-1/results",
-         {"json": {"report_id": "y", "step": 0, "plan_id": "p\x00", "results": [{"prompt_id": "set/0", "rewards": [1]}]}},
-         "plan_id"),
-        ("get", "/v1/runs/run-1/prompts", {"params": {"domain": "a\x00"}}, "domain"),
-        ("put", "/v1/runs/r2", {"content": '{"metadata": {"x": NaN}}', "headers": {"content-type": "application/json"}},
-         "metadata"),
-        ("put", "/v1/runs/r2", {"json": {"reward_range": [-1e308, 1e308]}}, "reward_range"),
-        ("put", "/v1/runs/r2", {"json": {"strategy": {"name": "default\x00"}}}, "strategy"),
-        ("get", "/v1/runs", {"params": {"cursor": _cursor("c1:\x00")}}, "cursor"),
-        ("get", "/v1/runs", {"params": {"cursor": "!" * 401}}, "cursor"),
-        ("get", "/v1/runs/run-1/prompts", {"params": {"cursor": _cursor("c1:" + "9" * 30)}}, "cursor"),
-        ("get", "/v1/runs/run-1/prompts", {"params": {"cursor": _cursor("c1:-5")}}, "cursor"),
-        ("get", "/v1/runs/run-1/prompts/" + "a" * 201, {}, "prompt_id"),
-        ("get", "/v1/runs", {"params": {"limit": 1001}}, "limit"),
-    ],
-)
-def test_bad_input_is_422_not_500(client, method, path, kw, needle):
+BAD_INPUTS = [
+    ("post", "/v1/runs/run-1/plans", {"json": {"batch_size": 1, "step": 2**70}}, "step"),
+    ("post", "/v1/runs/run-1/results",
+     {"json": {"report_id": "x", "step": 2**63, "results": [{"prompt_id": "set/0", "rewards": [1]}]}}, "step"),
+    ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "text": "a\x00b"}]}}, "text"),
+    ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "domain": "d\x00"}]}}, "domain"),
+    ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "tags": ["a\nb"]}]}}, "tags"),
+    ("post", "/v1/runs/run-1/results",
+     {"json": {"report_id": "y", "step": 0, "plan_id": "p\x00", "results": [{"prompt_id": "set/0", "rewards": [1]}]}},
+     "plan_id"),
+    ("get", "/v1/runs/run-1/prompts", {"params": {"domain": "a\x00"}}, "domain"),
+    ("put", "/v1/runs/r2", {"content": '{"metadata": {"x": NaN}}', "headers": {"content-type": "application/json"}},
+     "metadata"),
+    ("put", "/v1/runs/r2", {"json": {"reward_range": [-1e308, 1e308]}}, "reward_range"),
+    ("put", "/v1/runs/r2", {"json": {"strategy": {"name": "default\x00"}}}, "strategy"),
+    ("get", "/v1/runs", {"params": {"cursor": _cursor("c1:\x00")}}, "cursor"),
+    ("get", "/v1/runs", {"params": {"cursor": "!" * 401}}, "cursor"),
+    ("get", "/v1/runs/run-1/prompts", {"params": {"cursor": _cursor("c1:" + "9" * 30)}}, "cursor"),
+    ("get", "/v1/runs/run-1/prompts", {"params": {"cursor": _cursor("c1:-5")}}, "cursor"),
+    ("get", "/v1/runs/run-1/prompts/" + "a" * 201, {}, "prompt_id"),
+    ("get", "/v1/runs", {"params": {"limit": 1001}}, "limit"),
+]
+
+
+def test_bad_input_is_422_not_500(client):
+    """One app per database for all cases (each app runs the migrations)."""
     make_run(client, n_prompts=2)
-    assert_problem(getattr(client, method)(path, **kw), 422, needle)
+    for method, path, kw, needle in BAD_INPUTS:
+        r = getattr(client, method)(path, **kw)
+        assert r.status_code == 422, (method, path[:60], kw, r.status_code, r.text)
+        assert_problem(r, 422, needle)
 
 
 def test_state_untouched_by_refused_input(client):
