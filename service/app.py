@@ -11,10 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api import inspect, v1
+from .api import inspect, keys, v1
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge
@@ -76,6 +78,34 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
+def limits_description(settings: Settings) -> str:
+    """The request limits of this server, for the OpenAPI document."""
+    rows = [
+        ("Request body", f"{settings.max_body_bytes} bytes", "413"),
+        ("Prompts per upsert request", settings.max_prompts_per_request, "413"),
+        ("Prompt text", f"{settings.max_text_chars} characters", "422"),
+        ("Groups (results) per report", settings.max_results_per_report, "413"),
+        ("Rewards per group", settings.max_rewards_per_group, "413"),
+        ("Plan batch_size", settings.max_batch_size, "413"),
+        ("Plan rollout_budget", settings.max_rollout_budget, "413"),
+        ("Run metadata (JSON)", f"{settings.max_metadata_bytes} bytes", "413"),
+        ("Page size (limit)", settings.max_page_size, "422 above 1000; smaller pages above the setting"),
+        ("Prompt history per GET", settings.max_history, "truncated to the latest; history_total says how many"),
+        ("Ids", "1–200 characters; run ids [A-Za-z0-9._:-], prompt and report ids also '/'", "422"),
+        ("Labels (domain, tag, plan_id)", "1–200 characters, no control characters", "422"),
+        ("Steps", "0 … 2^53−1", "422"),
+        ("Rewards", "finite, inside the run's reward_range (each bound within ±1e12)", "422"),
+    ]
+    table = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in rows)
+    return (
+        "Errors are `application/problem+json` (RFC 9457). When the server has API keys, every `/v1` "
+        "call needs `Authorization: Bearer <key>` with the scope the call needs (GET: read; other "
+        "methods: write; `/v1/keys`: admin): 401 without a valid key, 403 for a missing scope or a "
+        "run the key is not bound to.\n\n"
+        "### Limits of this server\n\n| What | Limit | Above it |\n| --- | --- | --- |\n" + table
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -95,11 +125,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="Rollplan",
         version="0.1.0",
         summary="Curriculum and rollout-budget scheduling for RL post-training.",
+        description=limits_description(settings),
         lifespan=lifespan,
     )
     app.include_router(v1.router)
     app.include_router(inspect.router)
     ui.mount(app)
+    app.include_router(keys.router)
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
@@ -118,6 +150,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RollplanError)
     async def _rollplan_error(_: Request, exc: RollplanError):
         return JSONResponse(exc.problem(), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers)
+
+    async def _db_unavailable(_: Request, exc: Exception):
+        # Lost connection, statement_timeout, a locked SQLite file, no free pooled
+        # connection: transient; the transaction was rolled back, so a retry is safe.
+        what = type(getattr(exc, "orig", None) or exc).__name__
+        return _problem(503, "Service unavailable", f"the database is busy or unreachable ({what}); retry",
+                        headers={"Retry-After": "1"})
+
+    app.add_exception_handler(OperationalError, _db_unavailable)
+    app.add_exception_handler(PoolTimeout, _db_unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError):

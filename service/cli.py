@@ -1,4 +1,4 @@
-"""``rollplan`` command line: serve, migrate."""
+"""``rollplan`` command line: serve, migrate, keys, bench."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def _app():
             raise typer.BadParameter(f"unknown benchmark {which!r}; known: {', '.join(BENCHMARKS)}", param_hint="WHICH")
         importlib.import_module(BENCHMARKS[which]).main(list(ctx.args))
 
+    app.add_typer(_keys_app(), name="keys")
     return app
 
 
@@ -81,6 +82,90 @@ BENCHMARKS = {
     "core": "rollplan.benchmarks.core",
     "sim": "rollplan.benchmarks.sim",
 }
+def _keys_app():
+    keys = typer.Typer(help="Manage API keys (stored hashed in the database).", no_args_is_help=True)
+
+    def _sessions(database_url: str | None):
+        from .config import Settings
+        from .storage import migrate
+        from .storage.db import make_engine, make_sessionmaker
+
+        settings = Settings(**({"database_url": database_url} if database_url else {}))
+        if settings.auto_migrate:
+            migrate.upgrade(settings.database_url)
+        engine = make_engine(settings)
+        return engine, make_sessionmaker(engine)
+
+    db_opt = typer.Option(None, "--database-url", help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL).")
+
+    @keys.command("create")
+    def create(
+        scope: str = typer.Option(..., help="read, write or admin."),
+        name: str = typer.Option(None, help="A label for people."),
+        run: list[str] = typer.Option(None, "--run", help="Bind the key to this run id (repeatable)."),
+        runs_prefix: str = typer.Option(None, help="Bind the key to runs whose id starts with this, e.g. 'team-a:'."),
+        database_url: str = db_opt,
+    ) -> None:
+        """Create a key and print it once (only its hash is stored)."""
+        from . import auth
+        from .errors import RollplanError
+
+        engine, sessions = _sessions(database_url)
+        try:
+            with sessions() as s:
+                try:
+                    row, key = auth.create_key(s, scope, name=name, run_ids=run or None, runs_prefix=runs_prefix)
+                except RollplanError as e:
+                    raise typer.BadParameter(e.detail) from None
+                s.commit()
+        finally:
+            engine.dispose()
+        typer.echo(key)
+        typer.echo(f"key id {row.key_id}, scope {row.scope}; store the key now, it is not shown again", err=True)
+
+    @keys.command("list")
+    def list_(
+        database_url: str = db_opt,
+        active: bool = typer.Option(False, "--active", help="Leave out revoked keys."),
+    ) -> None:
+        """List keys (ids, scopes, bindings; never the keys)."""
+        from . import auth
+
+        engine, sessions = _sessions(database_url)
+        try:
+            with sessions() as s:
+                rows = auth.list_keys(s, include_revoked=not active)
+        finally:
+            engine.dispose()
+        typer.echo("key_id\tscope\trevoked\truns\tname")
+        for r in rows:
+            bound = ",".join(r.run_ids or []) + (f" {r.runs_prefix}*" if r.runs_prefix else "")
+            typer.echo(f"{r.key_id}\t{r.scope}\t{'yes' if r.revoked_at else 'no'}\t{bound.strip() or '*'}\t{r.name or ''}")
+
+    @keys.command("revoke")
+    def revoke(key_id: str = typer.Argument(..., help="The key id shown by create / list."),
+               database_url: str = db_opt) -> None:
+        """Revoke a key; every replica refuses it from the next request."""
+        from . import auth
+        from .errors import NotFound
+
+        engine, sessions = _sessions(database_url)
+        try:
+            with sessions() as s:
+                try:
+                    auth.revoke_key(s, key_id)
+                except NotFound as e:
+                    typer.echo(e.detail, err=True)
+                    raise typer.Exit(1) from None
+                s.commit()
+        finally:
+            engine.dispose()
+        typer.echo(f"revoked {key_id}")
+
+    return keys
+
+
+BENCHMARKS = {"speed": "rollplan.benchmarks.speed", "load": "rollplan.benchmarks.load"}
 
 
 if __name__ == "__main__":

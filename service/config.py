@@ -34,7 +34,13 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(100_000, ge=1)
     max_rollout_budget: int = Field(10_000_000, ge=1)
     max_text_chars: int = Field(100_000, ge=1)
-    max_page_size: int = Field(1_000, ge=1)
+    max_page_size: int = Field(1_000, ge=1, le=1_000)
+    max_metadata_bytes: int = Field(64 * 1024, ge=2, description="A run's metadata, serialised as JSON.")
+    max_history: int = Field(10_000, ge=1, description="Most history entries GET of one prompt returns.")
+    db_statement_timeout_s: float = Field(
+        60.0, ge=0, description="PostgreSQL statement_timeout (lock waits included); 0: none. "
+        "A request never waits on the database longer than this (503 after)."
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

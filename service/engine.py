@@ -60,6 +60,8 @@ RESULT_COLUMNS = (
 
 def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
     """Mean |advantage| of each group with std-normalised (GRPO) advantages; 0 when all equal."""
+    scale = max(1.0, float(np.abs(flat).max()))  # |A| is scale-free; keep the squares finite
+    flat, sums = flat / scale, sums / scale
     mu = sums / lengths
     dev = flat - np.repeat(mu, lengths)
     mad = np.add.reduceat(np.abs(dev), starts) / lengths
@@ -699,11 +701,15 @@ class Engine:
             )
         return out
 
-    def history(self, s: Session, ctx: RunContext, ordinal: int) -> list[dict[str, Any]]:
-        rows = s.execute(
+    def history(self, s: Session, ctx: RunContext, ordinal: int, limit: int | None = None) -> list[dict[str, Any]]:
+        """The prompt's reported groups, oldest first; with ``limit``, only the latest ``limit``."""
+        q = (
             select(Report.report_id, Result.step, Result.rewards)
             .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
             .where(Result.run_pk == ctx.run_pk, Result.prompt_ordinal == ordinal)
-            .order_by(Result.report_seq, Result.position)
-        ).all()
+        )
+        if limit is None:
+            rows = s.execute(q.order_by(Result.report_seq, Result.position)).all()
+        else:
+            rows = s.execute(q.order_by(Result.report_seq.desc(), Result.position.desc()).limit(limit)).all()[::-1]
         return [{"report_id": r, "step": st, "rewards": rw} for r, st, rw in rows]

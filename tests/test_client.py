@@ -398,7 +398,9 @@ def test_progress_bar(capsys):
 
 
 def test_async_retries(sleeps):
-    script = Script(httpx.Response(503), httpx.ConnectError("refused"), OK)
+    # A fresh response: the shared OK has been read by sync clients in earlier tests
+    # (its stream is then sync-only), which made this test fail after them.
+    script = Script(httpx.Response(503), httpx.ConnectError("refused"), httpx.Response(200, json={"status": "ok"}))
 
     async def main() -> None:
         async with AsyncClient("http://rollplan.test", transport=httpx.MockTransport(script)) as c:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import httpx
 import pytest
@@ -84,3 +85,13 @@ def test_sigkill_during_concurrent_reporting(server_factory):
         assert stats["rollouts"] == len(sent) * GROUPS * 4
         prompts = c.get("/v1/runs/crash/prompts", params={"limit": 1000}).json()["items"]
         assert sum(p["rollouts"] for p in prompts) == stats["rollouts"]
+        # The reward log holds every group of every report exactly once, with its rewards.
+        expected = Counter(
+            (g["prompt_id"], f"rank{k}-report{i}", i, tuple(g["rewards"]))
+            for k, i in sent for g in _report(k, i)["results"]
+        )
+        stored_groups = Counter()
+        for p in prompts:
+            hist = c.get(f"/v1/runs/crash/prompts/{p['id'].replace('/', '%2F')}").json()["history"]
+            stored_groups.update((p["id"], h["report_id"], h["step"], tuple(int(x) for x in h["rewards"])) for h in hist)
+        assert stored_groups == expected

@@ -11,9 +11,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
@@ -154,14 +156,12 @@ class PromptTrace(schemas.PromptOut):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+_STEP_RE = re.compile(r"^[0-9]{1,15}$")  # steps are ≤ 2^53 − 1
+
+
 def _step_cursor(cursor: str | None) -> int | None:
-    raw = _decode_cursor(cursor)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+    raw = _decode_cursor(cursor, _STEP_RE)
+    return None if raw is None else int(raw)
 
 
 def _ctx(engine, session, run_id: str):
@@ -273,8 +273,8 @@ def export(
     engine: EngineDep,
     session: SessionDep,
     format: Annotated[Literal["ndjson", "csv"], Query(description="ndjson or csv.")] = "ndjson",
-    step_from: Annotated[int | None, Query(ge=0, description="Only groups with step ≥ this.")] = None,
-    step_to: Annotated[int | None, Query(ge=0, description="Only groups with step ≤ this.")] = None,
+    step_from: Annotated[int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≥ this.")] = None,
+    step_to: Annotated[int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≤ this.")] = None,
 ):
     """The run's reward log (streamed; safe for large runs)."""
     run = engine.get_run(session, run_id)
@@ -318,13 +318,16 @@ def encode_sort_cursor(sort: str, order: str, key: float, ordinal: int) -> str:
     return _encode_cursor(json.dumps([sort, order, repr(float(key)), ordinal]))
 
 
+_SORT_CURSOR_RE = re.compile(r'^\["[a-z_]{1,32}", "(asc|desc)", "[-+0-9.einf]{1,32}", [0-9]{1,10}\]$')
+
+
 def decode_sort_cursor(cursor: str | None, sort: str, order: str) -> tuple[float, int] | None:
-    raw = _decode_cursor(cursor)
+    raw = _decode_cursor(cursor, _SORT_CURSOR_RE)
     if raw is None:
         return None
     try:
         s, o, k, ordinal = json.loads(raw)
-        if (s, o) == (sort, order):
+        if (s, o) == (sort, order) and np.isfinite(float(k)):
             return float(k), int(ordinal)
     except (ValueError, TypeError):
         pass

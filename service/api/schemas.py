@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 PROMPT_ID_PATTERN = r"^[A-Za-z0-9._:/-]{1,200}$"
 
 RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN, min_length=1, max_length=200)]
 PromptId = Annotated[str, StringConstraints(pattern=PROMPT_ID_PATTERN, min_length=1, max_length=200)]
-ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+# Labels (domain, tag, strategy name, plan id): no control characters (PostgreSQL
+# refuses NUL in text, and a label has no use for the others).
+LABEL_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
+ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=LABEL_PATTERN)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# Steps are stored as 64-bit integers; capped at the largest integer JSON parsers
+# everywhere read exactly.
+MAX_STEP = 2**53 - 1
+Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
+# Reward bounds: finite, and small enough that sums over a group stay exact-ish
+# and finite (1e12 × 4096 rewards is far from float overflow).
+MAX_REWARD_ABS = 1e12
+RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le=MAX_REWARD_ABS)]
+
+
+# SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
+UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
 
 
 class Strict(BaseModel):
@@ -33,10 +48,14 @@ class RunIn(Strict):
     max_rollouts: int | None = Field(
         None, ge=1, le=100_000, description="Default: max(64, rollouts_per_prompt)."
     )
-    reward_range: tuple[FiniteFloat, FiniteFloat] = Field(
-        (0.0, 1.0), description="[low, high] of a reward; rewards outside are rejected."
+    reward_range: tuple[RewardBound, RewardBound] = Field(
+        (0.0, 1.0), description="[low, high] of a reward, each within ±1e12; rewards outside are rejected."
     )
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form; replaced on attach.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form JSON object; replaced on attach. At most the server's max_metadata_bytes "
+        "once serialised (413 above); NaN/Infinity are refused (422).",
+    )
     warm_start_from: RunId | None = Field(
         None,
         description="An earlier run whose estimates seed this run's priors: a prompt registered here with the "
@@ -92,7 +111,7 @@ class RunOut(BaseModel):
     max_rollouts: int
     reward_range: tuple[float, float]
     metadata: dict[str, Any]
-    created_at: datetime
+    created_at: UtcDatetime
     stats: RunStats
 
 
@@ -110,12 +129,14 @@ class PromptIn(Strict):
     domain: ShortStr | None = None
     tags: list[ShortStr] | None = Field(None, max_length=64)
     prior_pass_rate: float | None = Field(None, ge=0.0, le=1.0)
-    text: str | None = Field(None, description="Optional prompt text (length capped by the server).")
+    text: Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")] | None = Field(
+        None, description="Optional prompt text: at most the server's max_text_chars (422 above); no NUL characters."
+    )
 
 
 class PromptsIn(Strict):
     prompts: list[PromptIn] = Field(
-        ..., min_length=1, description="At most the server's max_prompts_per_request (413 above)."
+        ..., min_length=1, description="At most the server's max_prompts_per_request items (413 above)."
     )
 
 
@@ -159,16 +180,21 @@ class HistoryEntry(BaseModel):
 
 class PromptDetail(PromptOut):
     text: str | None
-    history: list[HistoryEntry]
+    history: list[HistoryEntry] = Field(
+        description="The latest `history_limit` reported groups of this prompt, oldest first."
+    )
+    history_total: int = Field(description="How many groups the full history has.")
 
 
 # -- plans ------------------------------------------------------------------------
 class PlanIn(Strict):
-    batch_size: int = Field(..., ge=1, description="Distinct prompts in the plan.")
+    batch_size: int = Field(..., ge=1, description="Distinct prompts in the plan; at most the server's "
+                            "max_batch_size (413 above).")
     rollout_budget: int | None = Field(
-        None, ge=1, description="Total rollouts; default batch_size × rollouts_per_prompt."
+        None, ge=1, description="Total rollouts; default batch_size × rollouts_per_prompt; at most the "
+        "server's max_rollout_budget (413 above)."
     )
-    step: int | None = Field(None, ge=0, description="Trainer step; default: the run's next step.")
+    step: Step | None = Field(None, description="Trainer step; default: the run's next step.")
 
 
 class PlanItemOut(BaseModel):
@@ -201,14 +227,18 @@ class ExtendOut(BaseModel):
 # -- results ----------------------------------------------------------------------
 class GroupIn(Strict):
     prompt_id: PromptId
-    rewards: list[FiniteFloat] = Field(..., min_length=1)
+    rewards: list[FiniteFloat] = Field(
+        ..., min_length=1, description="At least one; at most the server's max_rewards_per_group (413 above)."
+    )
 
 
 class ResultsIn(Strict):
     report_id: Annotated[str, StringConstraints(pattern=PROMPT_ID_PATTERN, min_length=1, max_length=200)]
     plan_id: ShortStr | None = None
-    step: int = Field(..., ge=0)
-    results: list[GroupIn] = Field(..., min_length=1)
+    step: Step = Field(..., description="The step whose policy produced the rollouts.")
+    results: list[GroupIn] = Field(
+        ..., min_length=1, description="At most the server's max_results_per_report groups (413 above)."
+    )
 
 
 class ResultsAck(BaseModel):
@@ -220,3 +250,35 @@ class StrategyInfo(BaseModel):
     name: str
     description: str
     params_schema: dict[str, Any]
+
+
+# -- API keys (admin) ---------------------------------------------------------------
+class KeyIn(Strict):
+    scope: Literal["read", "write", "admin"] = Field(
+        ..., description="read < write < admin; a write key can read, an admin key can manage keys."
+    )
+    name: ShortStr | None = Field(None, description="A label for people (who holds the key).")
+    run_ids: list[RunId] | None = Field(
+        None, max_length=1000, description="Bind the key to these runs only (not for admin keys)."
+    )
+    runs_prefix: RunId | None = Field(
+        None, description="Bind the key to runs whose id starts with this (a project), e.g. 'team-a:'."
+    )
+
+
+class KeyOut(BaseModel):
+    key_id: str = Field(description="The key's public id (also embedded in the key itself).")
+    name: str | None
+    scope: str
+    run_ids: list[str] | None
+    runs_prefix: str | None
+    created_at: UtcDatetime
+    revoked_at: UtcDatetime | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The key. Shown this once: only its hash is stored.")
+
+
+class KeyPage(BaseModel):
+    items: list[KeyOut]

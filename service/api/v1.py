@@ -4,28 +4,45 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from ..engine import current_strategy
-from ..errors import Invalid, NotFound
+from ..errors import Invalid, NotFound, TooLarge
 from ..scheduling import strategies as strat
-from ..storage.models import Prompt, Run
+from ..storage.models import Prompt, Result, Run
 from . import schemas
-from .deps import EngineDep, SessionDep, SettingsDep, require_key
-
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
-
-RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
-Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000).")]
-Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor from a previous page.")]
+from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method
 
 PROBLEM = {"content": {"application/problem+json": {}}}
+# What any /v1 route may answer before it runs: auth, and a body that is not JSON at all.
+AUTH_RESPONSES = {
+    400: {"description": "The body could not be read as JSON", **PROBLEM},
+    401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
+    403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
+}
+
+# Every route: GET/HEAD need scope read, other methods write; a key bound to runs
+# may only name those runs in the path (403 otherwise).
+router = APIRouter(prefix="/v1", dependencies=[Depends(by_method)], responses=AUTH_RESPONSES)
+
+RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000, or the server's max_page_size).")]
+Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor from a previous page.")]
+
+PromptIdPath = Annotated[
+    str, Path(min_length=1, max_length=200, description="Prompt id, percent-encoded as the last path segment.")
+]
+_RUN_ID_RE = re.compile(schemas.RUN_ID_PATTERN)
+_ORDINAL_RE = re.compile(r"^[0-9]{1,10}$")
+
 RESPONSES = {
-    401: {"description": "Missing or invalid API key", **PROBLEM},
+    **AUTH_RESPONSES,
     404: {"description": "Unknown run or prompt", **PROBLEM},
     409: {"description": "Conflicts with the stored state", **PROBLEM},
     413: {"description": "Too many items or too large a body: split the request", **PROBLEM},
@@ -37,12 +54,12 @@ def _encode_cursor(value: str | int) -> str:
     return base64.urlsafe_b64encode(f"c1:{value}".encode()).decode()
 
 
-def _decode_cursor(cursor: str | None) -> str | None:
+def _decode_cursor(cursor: str | None, pattern: re.Pattern = _RUN_ID_RE) -> str | None:
     if cursor is None:
         return None
     try:
         raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        if raw.startswith("c1:"):
+        if raw.startswith("c1:") and pattern.match(raw[3:]):
             return raw[3:]
     except (binascii.Error, UnicodeDecodeError, ValueError):
         pass
@@ -85,8 +102,23 @@ def list_strategies() -> list[schemas.StrategyInfo]:
     responses={200: {"model": schemas.RunOut, "description": "Attached to an existing run"}, **RESPONSES},
     tags=["runs"],
 )
-def put_run(run_id: RunIdPath, body: schemas.RunIn, engine: EngineDep, session: SessionDep, response: Response):
+def put_run(
+    run_id: RunIdPath,
+    body: schemas.RunIn,
+    engine: EngineDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+):
     """Create a run, or attach to an existing one with the same settings (a restarted trainer)."""
+    try:
+        size = len(json.dumps(body.metadata, allow_nan=False, separators=(",", ":")).encode())
+    except ValueError:
+        raise Invalid("metadata: NaN and Infinity are not JSON; send finite numbers or strings",
+                      errors=[{"loc": "body.metadata", "msg": "non-finite number"}]) from None
+    if size > settings.max_metadata_bytes:
+        raise TooLarge(f"metadata: {size} bytes of JSON exceed the limit of {settings.max_metadata_bytes}; "
+                       "keep large artefacts elsewhere and store a reference")
     created, _ = engine.put_run(run_id, body)
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -99,9 +131,21 @@ def get_run(run_id: RunIdPath, engine: EngineDep, session: SessionDep):
 
 
 @router.get("/runs", response_model=schemas.RunPage, responses=RESPONSES, tags=["runs"])
-def list_runs(engine: EngineDep, session: SessionDep, limit: Limit = 100, cursor: Cursor = None):
+def list_runs(
+    engine: EngineDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: AuthDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+):
+    """Page of runs (by id). A key bound to runs sees only those."""
+    limit = min(limit, settings.max_page_size)
     after = _decode_cursor(cursor)
     q = select(Run).order_by(Run.id).limit(limit + 1)
+    visible = principal.run_filter()
+    if visible is not None:
+        q = q.where(visible)
     if after is not None:
         q = q.where(Run.id > after)
     runs = list(session.scalars(q))
@@ -130,9 +174,10 @@ def list_prompts(
     run_id: RunIdPath,
     engine: EngineDep,
     session: SessionDep,
+    settings: SettingsDep,
     limit: Limit = 100,
     cursor: Cursor = None,
-    domain: Annotated[str | None, Query(max_length=200)] = None,
+    domain: Annotated[str | None, Query(max_length=200, pattern=schemas.LABEL_PATTERN)] = None,
     state: Annotated[Literal["unseen", "unsolved", "frontier", "solved"] | None, Query()] = None,
     min_pass_rate: Annotated[float | None, Query(ge=0, le=1, description="Predicted pass rate ≥ this.")] = None,
     max_pass_rate: Annotated[float | None, Query(ge=0, le=1, description="Predicted pass rate ≤ this.")] = None,
@@ -146,6 +191,7 @@ def list_prompts(
 ):
     """Page of prompts with their current estimates, in registration order unless `sort`
     says otherwise; filterable by domain, state, predicted pass rate and rollouts."""
+    limit = min(limit, settings.max_page_size)
     run = engine.get_run(session, run_id)
     ctx = engine.context(session, run)
     filters = dict(state=state, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
@@ -162,11 +208,8 @@ def list_prompts(
             select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal.in_(ords)))} if ords else {}
         nxt = inspect.encode_sort_cursor(sort, order, *nxt_key) if nxt_key else None
         return {"items": engine.prompt_rows(ctx, [by_ord[o] for o in ords]), "next_cursor": nxt}
-    after = _decode_cursor(cursor)
-    try:
-        after_ord = int(after) if after is not None else -1
-    except ValueError:
-        raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}]) from None
+    after = _decode_cursor(cursor, _ORDINAL_RE)
+    after_ord = int(after) if after is not None else -1
     q = select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal > after_ord)
     if domain is not None:
         q = q.where(Prompt.domain == domain)
@@ -178,8 +221,17 @@ def list_prompts(
 @router.get(
     "/runs/{run_id}/prompts/{prompt_id:path}", response_model=schemas.PromptDetail, responses=RESPONSES, tags=["prompts"]
 )
-def get_prompt(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: SessionDep):
-    """One prompt with its estimate and full reward history (the id percent-encoded as the last segment)."""
+def get_prompt(
+    run_id: RunIdPath,
+    prompt_id: PromptIdPath,
+    engine: EngineDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    history_limit: Annotated[
+        int | None, Query(ge=1, description="Return only the latest N groups (default and cap: the server's max_history).")
+    ] = None,
+):
+    """One prompt with its estimate and reward history (the id percent-encoded as the last segment)."""
     run = engine.get_run(session, run_id)
     ctx = engine.context(session, run)
     row = session.scalar(select(Prompt).where(Prompt.run_pk == run.pk, Prompt.id == prompt_id))
@@ -187,7 +239,13 @@ def get_prompt(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: Se
         raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
     out = engine.prompt_rows(ctx, [row])[0]
     out["text"] = row.text
-    out["history"] = engine.history(session, ctx, row.ordinal)
+    cap = min(history_limit or settings.max_history, settings.max_history)
+    out["history"] = engine.history(session, ctx, row.ordinal, limit=cap)
+    out["history_total"] = len(out["history"])
+    if out["history_total"] == cap:
+        out["history_total"] = session.scalar(
+            select(func.count()).select_from(Result).where(Result.run_pk == run.pk, Result.prompt_ordinal == row.ordinal)
+        )
     return out
 
 

@@ -54,6 +54,7 @@ def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
 
 # Columns of the per-domain moment sums used by the empirical-Bayes prior.
 _SEEN, _RATE, _RATE2, _NOISE = range(4)
+PRIOR_EPS = 1e-3
 
 
 @dataclass
@@ -238,7 +239,8 @@ class PoolState:
         client = self.prior_pass_rate[idx]
         own_strength = self._prior_strength[: self.size][idx]
         has = ~np.isnan(client)
-        mean = np.where(has, client, dm[d])
+        # A prior of exactly 0 or 1 would make a Beta parameter 0 (not a distribution).
+        mean = np.clip(np.where(has, client, dm[d]), PRIOR_EPS, 1.0 - PRIOR_EPS)
         strength = np.where(has, np.where(np.isnan(own_strength), self.prior_strength, own_strength), ds[d])
         return strength * mean, strength * (1.0 - mean)
 

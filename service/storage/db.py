@@ -9,6 +9,7 @@ at commit); SQLite: ``BEGIN IMMEDIATE`` takes the database write lock up front.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,11 +44,18 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    connect_args = {}
+    if settings.db_statement_timeout_s > 0:
+        # Bounds every statement, waits for the run's advisory lock included: no
+        # request hangs on a stuck transaction (the API answers 503 instead).
+        connect_args["options"] = f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
     return create_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_pre_ping=True,
+        pool_timeout=30,
+        connect_args=connect_args,
     )
 
 
@@ -60,14 +68,35 @@ def run_lock_key(run_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(run_id.encode(), digest_size=8).digest(), "big", signed=True)
 
 
+_SQLITE_WRITERS: dict[str, threading.Lock] = {}
+_SQLITE_WRITERS_GUARD = threading.Lock()
+
+
+def _sqlite_writer_lock(url: str) -> threading.Lock:
+    with _SQLITE_WRITERS_GUARD:
+        return _SQLITE_WRITERS.setdefault(url, threading.Lock())
+
+
 @contextmanager
 def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Session]:
     """A transaction that holds the run's lock from its first statement to commit."""
     with factory() as session:
-        if session.get_bind().dialect.name == "sqlite":
-            session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
-        else:
-            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
+        bind = session.get_bind()
+        if bind.dialect.name == "sqlite":
+            # Writers of this process queue on a lock first: SQLite's own busy
+            # handler polls with sleeps, which under many concurrent writers gave
+            # multi-second tail latencies. BEGIN IMMEDIATE still guards against
+            # other processes.
+            with _sqlite_writer_lock(str(bind.url)):
+                session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+            return
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
         try:
             yield session
             session.commit()

@@ -189,3 +189,24 @@ class StrategyChange(Base):
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
+class ApiKey(Base):
+    """An API key. Only the SHA-256 of the key is stored; ``key_id`` is the key's
+    public, non-secret part (it is embedded in the key), used to find the row
+    before the hash is compared in constant time. Keys are revoked, never
+    deleted, so revoking the last key never turns auth off."""
+
+    __tablename__ = "api_keys"
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_id: Mapped[str] = mapped_column(String(32), unique=True, nullable=False)
+    key_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    name: Mapped[str | None] = mapped_column(String(ID_LEN))
+    scope: Mapped[str] = mapped_column(String(16), nullable=False)
+    # Bindings: none = every run; otherwise the key may touch only these runs
+    # and/or runs whose id starts with the prefix (a project).
+    run_ids: Mapped[list | None] = mapped_column(JSON)
+    runs_prefix: Mapped[str | None] = mapped_column(String(ID_LEN))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

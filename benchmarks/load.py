@@ -1,0 +1,259 @@
+"""Load: many concurrent reporters, planners and readers on several runs, for a
+set time, against a real ``rollplan serve`` it starts (SQLite and/or PostgreSQL)
+or against a given ``--url``.
+
+    python -m rollplan.benchmarks.load [--smoke] [--url URL] [--duration 20]
+        [--reporters 16] [--planners 4] [--readers 2] [--runs 4] [--out DIR]
+    rollplan bench load --smoke
+
+Each reporter posts reports of ``--groups`` prompt groups × ``--rollouts``
+binary rewards with fresh report_ids (every request is a committed write); each
+planner asks plans for new steps (every request computes and stores a plan);
+each reader pages prompts with their estimates. Prints, per database and
+operation, requests, throughput, p50/p99 latency and errors as a markdown table
+and writes ``load.json`` to ``--out``. No assertions: it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from .speed import _free_port, pg_database
+
+
+@contextmanager
+def server(database_url: str, workdir: Path, workers: int = 1, env: dict | None = None):
+    """``rollplan serve`` in a subprocess, ready when /readyz answers."""
+    port = _free_port()
+    log_path = workdir / f"server-{port}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(port), "--log-level", "warning",
+         "--workers", str(workers)],
+        env={**os.environ, "ROLLPLAN_DATABASE_URL": database_url, **(env or {})},
+        cwd=workdir, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.latency: dict[str, list[float]] = {}
+        self.errors: dict[str, int] = {}
+        self.samples: dict[str, list[str]] = {}
+
+    def ok(self, op: str, seconds: float) -> None:
+        self.latency.setdefault(op, []).append(seconds)
+
+    def error(self, op: str, what: str) -> None:
+        self.errors[op] = self.errors.get(op, 0) + 1
+        s = self.samples.setdefault(op, [])
+        if len(s) < 3:
+            s.append(what[:200])
+
+    def summary(self, duration: float, concurrency: dict[str, int]) -> list[dict]:
+        rows = []
+        for op in concurrency:
+            lat = np.asarray(self.latency.get(op, []), dtype=np.float64) * 1000
+            n = int(lat.size)
+            rows.append({
+                "operation": op,
+                "concurrency": concurrency[op],
+                "requests": n + self.errors.get(op, 0),
+                "ok_per_s": n / duration,
+                "p50_ms": float(np.percentile(lat, 50)) if n else None,
+                "p99_ms": float(np.percentile(lat, 99)) if n else None,
+                "max_ms": float(lat.max()) if n else None,
+                "errors": self.errors.get(op, 0),
+                "error_samples": self.samples.get(op, []),
+            })
+        return rows
+
+
+async def _timed(rec: Recorder, op: str, call, expect: tuple[int, ...]) -> httpx.Response | None:
+    t = time.perf_counter()
+    try:
+        r = await call()
+    except httpx.HTTPError as e:
+        rec.error(op, f"{type(e).__name__}: {e}")
+        return None
+    dt = time.perf_counter() - t
+    if r.status_code in expect:
+        rec.ok(op, dt)
+    else:
+        rec.error(op, f"{r.status_code}: {r.text}")
+    return r
+
+
+async def reporter(c, rec, run, k, a, stop):
+    rng = np.random.default_rng(1000 + k)
+    i = 0
+    while not stop.is_set():
+        prompts = rng.choice(a.pool, size=a.groups, replace=False)
+        body = {"report_id": f"load-r{k}-{i}", "step": i,
+                "results": [{"prompt_id": f"p/{p}", "rewards": rng.integers(0, 2, a.rollouts).tolist()}
+                            for p in prompts]}
+        await _timed(rec, "report", lambda: c.post(f"/v1/runs/{run}/results", json=body), (200,))
+        i += 1
+
+
+async def planner(c, rec, run, j, a, stop):
+    i = 0
+    while not stop.is_set():
+        body = {"batch_size": a.batch, "step": 1_000_000 * (j + 1) + i}
+        await _timed(rec, "plan", lambda: c.post(f"/v1/runs/{run}/plans", json=body), (200, 201))
+        i += 1
+
+
+async def reader(c, rec, run, j, a, stop):
+    while not stop.is_set():
+        await _timed(rec, "read", lambda: c.get(f"/v1/runs/{run}/prompts", params={"limit": 100}), (200,))
+
+
+async def drive(url: str, a: argparse.Namespace, tag: str) -> dict:
+    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    runs = [f"load-{tag}-{i}" for i in range(a.runs)]
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
+        for run in runs:
+            c.put(f"/v1/runs/{run}", json={"rollouts_per_prompt": a.rollouts}).raise_for_status()
+            prompts = [{"id": f"p/{i}", "domain": f"d{i % 4}"} for i in range(a.pool)]
+            c.post(f"/v1/runs/{run}/prompts", json={"prompts": prompts}).raise_for_status()
+    concurrency = {"report": a.reporters, "plan": a.planners, "read": a.readers}
+    total = sum(concurrency.values())
+    rec = Recorder()
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=total, max_keepalive_connections=total)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as c:
+        tasks = [asyncio.create_task(reporter(c, rec, runs[k % a.runs], k, a, stop)) for k in range(a.reporters)]
+        tasks += [asyncio.create_task(planner(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.planners)]
+        tasks += [asyncio.create_task(reader(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.readers)]
+        t0 = time.perf_counter()
+        await asyncio.sleep(a.duration)
+        stop.set()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+    return {"elapsed_s": elapsed, "operations": rec.summary(elapsed, concurrency)}
+
+
+def table(results: list[dict]) -> str:
+    def f(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    lines = ["| database | operation | concurrency | requests | ok/s | p50 ms | p99 ms | max ms | errors |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for res in results:
+        for op in res["operations"]:
+            if not op["concurrency"]:
+                continue
+            lines.append(
+                f"| {res['database']} | {op['operation']} | {op['concurrency']} | {op['requests']} | "
+                f"{f(op['ok_per_s'], '.1f')} | {f(op['p50_ms'], '.1f')} | {f(op['p99_ms'], '.1f')} | "
+                f"{f(op['max_ms'], '.0f')} | {op['errors']} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny and short, for CI")
+    ap.add_argument("--url", default=None, help="load this server instead of starting one")
+    ap.add_argument("--api-key", default=os.environ.get("ROLLPLAN_API_KEY"), help="bearer key for --url")
+    ap.add_argument("--databases", default="sqlite,postgres", help="servers to start (without --url)")
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn workers per started server (PostgreSQL)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per database")
+    ap.add_argument("--reporters", type=int, default=16)
+    ap.add_argument("--planners", type=int, default=4)
+    ap.add_argument("--readers", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--pool", type=int, default=2000, help="prompts per run")
+    ap.add_argument("--groups", type=int, default=8, help="prompt groups per report")
+    ap.add_argument("--rollouts", type=int, default=8, help="rewards per group")
+    ap.add_argument("--batch", type=int, default=32, help="plan batch_size")
+    ap.add_argument("--out", default="benchmarks/out/load")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.duration, a.reporters, a.planners, a.readers, a.runs, a.pool = 2.0, 2, 1, 1, 2, 100
+        a.batch = 8
+
+    results = []
+    targets = [("url", a.url)] if a.url else [(d.strip(), None) for d in a.databases.split(",") if d.strip()]
+    with tempfile.TemporaryDirectory(prefix="rollplan-load-") as tmp:
+        for name, url in targets:
+            if url is not None:
+                res = asyncio.run(drive(url, a, f"{int(time.time())}"))
+            else:
+                if name == "sqlite":
+                    db = nullcontext(f"sqlite:///{tmp}/load.db")
+                elif name == "postgres":
+                    try:
+                        db = pg_database()
+                        db_url = db.__enter__()
+                    except Exception as e:  # noqa: BLE001 - no PostgreSQL here: say so, go on
+                        print(f"postgres: skipped ({type(e).__name__}: {e})")
+                        continue
+                    db = _entered(db, db_url)
+                else:
+                    raise SystemExit(f"unknown database {name!r}")
+                with db as db_url, server(db_url, Path(tmp), workers=a.workers if name != "sqlite" else 1) as u:
+                    res = asyncio.run(drive(u, a, name))
+            res["database"] = name
+            results.append(res)
+
+    report = {
+        "config": {k: v for k, v in vars(a).items() if k != "api_key"},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "results": results,
+    }
+    print(table(results))
+    for res in results:
+        for op in res["operations"]:
+            for s in op["error_samples"]:
+                print(f"  {res['database']} {op['operation']} error: {s}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load.json").write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out / 'load.json'}")
+    return report
+
+
+@contextmanager
+def _entered(cm, value):
+    """A context manager already entered (to catch its enter errors above); exits it."""
+    try:
+        yield value
+    finally:
+        cm.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    main()

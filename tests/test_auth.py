@@ -1,0 +1,204 @@
+"""API keys with scopes and run bindings, on SQLite and PostgreSQL: 401 without
+a valid key, 403 for the wrong scope or another team's run, revocation, and the
+``rollplan keys`` CLI against the real database."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from rollplan.service import cli
+
+from test_api import assert_problem
+
+ADMIN = "env-admin-key-0123456789abcdef"
+PROMPTS = {"prompts": [{"id": f"p/{i}"} for i in range(4)]}
+REPORT = {"report_id": "r0", "step": 0, "results": [{"prompt_id": "p/0", "rewards": [1, 0]}]}
+
+
+def h(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def admin_client(make_client):
+    return make_client(api_keys=[ADMIN])
+
+
+def new_key(client, scope, **binding) -> tuple[str, str]:
+    r = client.post("/v1/keys", json={"scope": scope, **binding}, headers=h(ADMIN))
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["key"].startswith("rpk_" + body["key_id"] + "_")
+    return body["key_id"], body["key"]
+
+
+def make_run(client, run_id, key=ADMIN):
+    assert client.put(f"/v1/runs/{run_id}", json={"rollouts_per_prompt": 2}, headers=h(key)).status_code == 201
+    assert client.post(f"/v1/runs/{run_id}/prompts", json=PROMPTS, headers=h(key)).status_code == 200
+
+
+def test_missing_or_invalid_key_is_401(admin_client):
+    c = admin_client
+    make_run(c, "r")
+    _, key = new_key(c, "read")
+    for headers in [{}, h("wrong"), h(key + "x"), h(key[:-1]), h("rpk_000000000000_" + "a" * 43),
+                    {"Authorization": f"Basic {key}"}]:
+        body = assert_problem(c.get("/v1/runs/r", headers=headers), 401)
+        assert "API key" in body["detail"]
+    r = c.get("/v1/runs", headers={})
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert c.get("/v1/runs/r", headers=h(key)).status_code == 200
+    assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+
+
+def test_scopes(admin_client):
+    c = admin_client
+    make_run(c, "r")
+    _, read = new_key(c, "read")
+    _, write = new_key(c, "write")
+    # read: every GET, no write.
+    for path in ["/v1/runs", "/v1/runs/r", "/v1/runs/r/prompts", "/v1/runs/r/prompts/p%2F0", "/v1/strategies"]:
+        assert c.get(path, headers=h(read)).status_code == 200, path
+    assert_problem(c.put("/v1/runs/r2", json={}, headers=h(read)), 403, "'write'")
+    assert_problem(c.post("/v1/runs/r/prompts", json=PROMPTS, headers=h(read)), 403, "scope")
+    assert_problem(c.post("/v1/runs/r/plans", json={"batch_size": 2}, headers=h(read)), 403)
+    assert_problem(c.post("/v1/runs/r/results", json=REPORT, headers=h(read)), 403)
+    assert c.get("/v1/runs/r", headers=h(read)).json()["stats"]["plans"] == 0  # nothing slipped through
+    # write: reads and writes, no key management.
+    assert c.put("/v1/runs/r2", json={}, headers=h(write)).status_code == 201
+    assert c.post("/v1/runs/r/plans", json={"batch_size": 2, "step": 0}, headers=h(write)).status_code == 201
+    assert c.post("/v1/runs/r/results", json=REPORT, headers=h(write)).status_code == 200
+    assert c.get("/v1/runs/r", headers=h(write)).status_code == 200
+    assert_problem(c.get("/v1/keys", headers=h(write)), 403, "'admin'")
+    assert_problem(c.post("/v1/keys", json={"scope": "admin"}, headers=h(write)), 403, "'admin'")
+    # A DB admin key manages keys.
+    _, admin = new_key(c, "admin")
+    assert c.post("/v1/keys", json={"scope": "read"}, headers=h(admin)).status_code == 201
+    assert len(c.get("/v1/keys", headers=h(admin)).json()["items"]) == 4
+
+
+def test_key_bound_to_runs_cannot_touch_others(admin_client):
+    c = admin_client
+    for run in ["a-1", "b-1", "team-a:x", "t_1", "tx1"]:
+        make_run(c, run)
+    _, only_a = new_key(c, "write", run_ids=["a-1"])
+    _, team = new_key(c, "write", runs_prefix="team-a:")
+    _, under = new_key(c, "read", runs_prefix="t_")
+    # Its own run: read and write.
+    assert c.get("/v1/runs/a-1", headers=h(only_a)).status_code == 200
+    assert c.post("/v1/runs/a-1/plans", json={"batch_size": 2, "step": 0}, headers=h(only_a)).status_code == 201
+    assert c.post("/v1/runs/a-1/results", json=REPORT, headers=h(only_a)).status_code == 200
+    # Another run: neither read nor write, nor create.
+    for r in [
+        c.get("/v1/runs/b-1", headers=h(only_a)),
+        c.get("/v1/runs/b-1/prompts", headers=h(only_a)),
+        c.get("/v1/runs/b-1/prompts/p%2F0", headers=h(only_a)),
+        c.post("/v1/runs/b-1/prompts", json=PROMPTS, headers=h(only_a)),
+        c.post("/v1/runs/b-1/plans", json={"batch_size": 2, "step": 0}, headers=h(only_a)),
+        c.post("/v1/runs/b-1/results", json=REPORT, headers=h(only_a)),
+        c.put("/v1/runs/b-2", json={}, headers=h(only_a)),
+        c.get("/v1/runs/team-a:x", headers=h(only_a)),
+    ]:
+        assert_problem(r, 403, "not allowed to access run")
+    stats = c.get("/v1/runs/b-1", headers=h(ADMIN)).json()["stats"]
+    assert stats["plans"] == 0 and stats["results"] == 0
+    assert c.get("/v1/runs/b-2", headers=h(ADMIN)).status_code == 404
+    # Listing shows only the runs the key may see.
+    assert [r["id"] for r in c.get("/v1/runs", headers=h(only_a)).json()["items"]] == ["a-1"]
+    assert [r["id"] for r in c.get("/v1/runs", headers=h(team)).json()["items"]] == ["team-a:x"]
+    # '_' in a prefix is a character, not a LIKE wildcard.
+    assert [r["id"] for r in c.get("/v1/runs", headers=h(under)).json()["items"]] == ["t_1"]
+    assert_problem(c.get("/v1/runs/tx1", headers=h(under)), 403)
+    assert len(c.get("/v1/runs", headers=h(ADMIN)).json()["items"]) == 5
+    # A project key may create runs inside its project only.
+    assert c.put("/v1/runs/team-a:y", json={}, headers=h(team)).status_code == 201
+    assert_problem(c.put("/v1/runs/team-b:y", json={}, headers=h(team)), 403)
+    # Admin keys cannot be bound; prefixes must be able to match a run id.
+    assert_problem(c.post("/v1/keys", json={"scope": "admin", "run_ids": ["a-1"]}, headers=h(ADMIN)), 422, "admin")
+    assert_problem(c.post("/v1/keys", json={"scope": "read", "runs_prefix": "team-a/"}, headers=h(ADMIN)), 422,
+                   "runs_prefix")
+
+
+def test_revoked_key_is_401_on_the_next_request(admin_client):
+    c = admin_client
+    make_run(c, "r")
+    key_id, key = new_key(c, "write")
+    assert c.get("/v1/runs/r", headers=h(key)).status_code == 200
+    r = c.delete(f"/v1/keys/{key_id}", headers=h(ADMIN))
+    assert r.status_code == 200 and r.json()["revoked_at"] is not None
+    assert_problem(c.get("/v1/runs/r", headers=h(key)), 401, "revoked")
+    assert c.delete(f"/v1/keys/{key_id}", headers=h(ADMIN)).status_code == 200  # again: harmless
+    assert_problem(c.delete("/v1/keys/000000000000", headers=h(ADMIN)), 404)
+    listed = {k["key_id"]: k for k in c.get("/v1/keys", headers=h(ADMIN)).json()["items"]}
+    assert listed[key_id]["revoked_at"] is not None
+    active = c.get("/v1/keys", params={"include_revoked": "false"}, headers=h(ADMIN)).json()["items"]
+    assert key_id not in {k["key_id"] for k in active}
+
+
+def test_cookie_only_for_reads(admin_client):
+    c = admin_client
+    make_run(c, "r")
+    _, key = new_key(c, "write")
+    c.cookies.set("rollplan_key", key)
+    try:
+        assert c.get("/v1/runs/r").status_code == 200
+        assert_problem(c.put("/v1/runs/r2", json={}), 401)
+    finally:
+        c.cookies.clear()
+
+
+def _cli(*args):
+    result = CliRunner().invoke(cli._app(), list(args))
+    return result
+
+
+def test_cli_create_list_revoke_against_the_database(make_client, db_url):
+    # No keys anywhere: local embedded mode, no auth.
+    c = make_client()
+    assert c.put("/v1/runs/team-a:1", json={}).status_code == 201
+    assert c.put("/v1/runs/team-b:1", json={}).status_code == 201
+
+    r = _cli("keys", "create", "--scope", "write", "--runs-prefix", "team-a:", "--name", "team a",
+             "--database-url", db_url)
+    assert r.exit_code == 0, r.output
+    key = r.stdout.strip().splitlines()[0]
+    key_id = key.split("_")[1]
+    # A key now exists: auth is on for the running server at once.
+    assert_problem(c.get("/v1/runs/team-a:1"), 401)
+    assert c.get("/v1/runs/team-a:1", headers=h(key)).status_code == 200
+    assert_problem(c.get("/v1/runs/team-b:1", headers=h(key)), 403)
+    assert [x["id"] for x in c.get("/v1/runs", headers=h(key)).json()["items"]] == ["team-a:1"]
+
+    r = _cli("keys", "list", "--database-url", db_url)
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.stdout.splitlines() if x.startswith(key_id))
+    assert "write" in line and "team-a:*" in line and "team a" in line
+    assert key not in r.output
+
+    # Only the hash is stored.
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT key_id, key_hash FROM api_keys")).all()
+    finally:
+        engine.dispose()
+    assert len(rows) == 1 and key not in str(rows) and key.split("_", 2)[2] not in str(rows)
+
+    # Bad bindings are refused with a message.
+    r = _cli("keys", "create", "--scope", "admin", "--run", "team-a:1", "--database-url", db_url)
+    assert r.exit_code != 0 and "admin" in r.output
+    r = _cli("keys", "create", "--scope", "read", "--runs-prefix", "team-a/", "--database-url", db_url)
+    assert r.exit_code != 0 and "prefix" in r.output
+    r = _cli("keys", "create", "--scope", "root", "--database-url", db_url)
+    assert r.exit_code != 0 and "scope" in r.output
+
+    r = _cli("keys", "revoke", key_id, "--database-url", db_url)
+    assert r.exit_code == 0, r.output
+    assert_problem(c.get("/v1/runs/team-a:1", headers=h(key)), 401)
+    # Revoking the last key does not turn auth off.
+    assert_problem(c.get("/v1/runs/team-a:1"), 401)
+    r = _cli("keys", "list", "--active", "--database-url", db_url)
+    assert key_id not in r.stdout
+    assert _cli("keys", "revoke", "ffffffffffff", "--database-url", db_url).exit_code == 1
