@@ -29,7 +29,7 @@ import os
 import queue
 import random
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from typing import Any
 
 from rollplan.client import Client, RollplanError, RollplanUnavailable
 
-__all__ = ["LocalPlan", "PromptIds", "RollplanScheduler", "default_spool_dir"]
+__all__ = ["LocalPlan", "PromptIds", "RollplanScheduler", "default_spool_dir", "shared_scheduler"]
 
 logger = logging.getLogger("rollplan.plugins")
 
@@ -48,6 +48,20 @@ def default_spool_dir() -> Path:
         return Path(os.environ["ROLLPLAN_SPOOL_DIR"])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "rollplan" / "spool"
+
+
+_SHARED: dict[str, RollplanScheduler] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_scheduler(run_id: str, make: Callable[[], RollplanScheduler] | None = None) -> RollplanScheduler | None:
+    """The process-wide scheduler of ``run_id``: made by ``make`` the first time (None
+    without ``make``). Lets two plugin parts of one trainer (verl's dataset and replay
+    buffer) share one client, queue and spool even when the trainer loads them from files."""
+    with _SHARED_LOCK:
+        if run_id not in _SHARED and make is not None:
+            _SHARED[run_id] = make()
+        return _SHARED.get(run_id)
 
 
 class PromptIds:
@@ -166,9 +180,8 @@ class RollplanScheduler:
         prefetch: bool = True,
     ) -> None:
         self.run_id = run_id
+        # An empty mapping makes a report-only scheduler (e.g. verl's replay buffer).
         self.ids = prompt_ids if isinstance(prompt_ids, PromptIds) else PromptIds(prompt_ids)
-        if len(self.ids) == 0:
-            raise ValueError("the dataset has no prompts")
         self.run_settings: dict[str, Any] = {
             "strategy": strategy,
             "rollouts_per_prompt": rollouts_per_prompt,
@@ -244,7 +257,7 @@ class RollplanScheduler:
             return True
         try:
             run = self._api().put_run(self.run_id, **self.run_settings)
-            if self._upload:
+            if self._upload and len(self.ids):
                 items: list[Any]
                 if self._prompts is not None:
                     items = [{**dict(p), "id": pid} for pid, p in zip(self.ids.ids, self._prompts, strict=True)]
@@ -502,6 +515,9 @@ class RollplanScheduler:
         """:meth:`flush`, then stop the threads and close the clients."""
         left = self.flush(timeout)
         self._closed = True
+        with _SHARED_LOCK:
+            if _SHARED.get(self.run_id) is self:
+                del _SHARED[self.run_id]
         self._queue.put(None)
         self._sender.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,201 @@
+"""verl 0.9 (V1 trainer) with its real classes: RLHFDataset subclass loaded through
+``data.custom_cls`` by verl's own ``create_rl_dataset``, the ``StatefulDataLoader`` and
+``collate_fn`` the trainer uses, TensorDict conversion, TransferQueue on a local Ray,
+and the replay buffer's real ``sample`` — against a live Rollplan server.
+
+What does not run here: the PPOTrainer step itself (actor/rollout workers need vLLM or
+SGLang and GPUs); the agent loop is stood in for by writing trajectories to TransferQueue
+exactly as ``AgentLoopWorkerTQ._agent_loop_postprocess`` does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plugin_helpers import prompt_texts, require, tiny_tokenizer
+from rollplan.client import Client
+
+pytestmark = pytest.mark.slow
+
+require("verl.trainer.ppo.v1.replay_buffer", "verl")
+
+N_PROMPTS = 10
+BATCH = 3
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    """Plugin tests run on SQLite only (overrides the SQLite+PostgreSQL fixture)."""
+    return f"sqlite:///{tmp_path / 'plugins.db'}"
+
+
+def _parquet(path, n, offset=0):
+    from datasets import Dataset
+
+    rows = {
+        "data_source": ["arith"] * n,
+        "prompt": [[{"role": "user", "content": t}] for t in prompt_texts(n)],
+        "reward_model": [{"style": "rule", "ground_truth": str(i % 2)} for i in range(n)],
+        "extra_info": [{"index": offset + i, "split": "x"} for i in range(n)],
+    }
+    Dataset.from_dict(rows).to_parquet(str(path))
+    return str(path)
+
+
+def _data_config(tmp_path, url, run_id):
+    from omegaconf import OmegaConf
+
+    train = _parquet(tmp_path / "train.parquet", N_PROMPTS)
+    val = _parquet(tmp_path / "val.parquet", 4, offset=1000)
+    return OmegaConf.create({
+        "train_files": train, "val_files": val, "prompt_key": "prompt", "max_prompt_length": 64,
+        "train_batch_size": BATCH, "val_batch_size": None, "dataloader_num_workers": 0, "shuffle": False,
+        "filter_overlong_prompts": True, "filter_overlong_prompts_workers": 1, "truncation": "error",
+        "cache_dir": str(tmp_path / "cache"), "return_raw_chat": True,
+        "custom_cls": {"path": "pkg://rollplan.plugins.verl", "name": "RollplanRLHFDataset"},
+        "rollplan": {"run_id": run_id, "url": url, "rollouts_per_prompt": 4, "min_rollouts": 2,
+                     "max_rollouts": 8, "id_prefix": "arith/", "spool_dir": str(tmp_path / "spool"),
+                     "max_retries": 2, "backoff": 0.1},
+    })
+
+
+def _tokenizer():
+    tok = tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    return tok
+
+
+def _loader(ds, config):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    # as RayPPOTrainer V1 `_init_dataloader` builds it
+    return StatefulDataLoader(dataset=ds, batch_size=config.train_batch_size, num_workers=0, drop_last=True,
+                              collate_fn=collate_fn, sampler=create_rl_sampler(config, ds))
+
+
+def _datasets(tmp_path, url, run_id):
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    config = _data_config(tmp_path, url, run_id)
+    tok = _tokenizer()
+    train = create_rl_dataset(config.train_files, config, tok, None, is_train=True)
+    val = create_rl_dataset(config.val_files, config, tok, None, is_train=False)
+    return config, train, val
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """TransferQueue on a local Ray (logical CPUs: its controller and storage units take 3)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    import transfer_queue as tq
+
+    tq.init()
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def test_dataset_serves_planned_prompts_with_rollout_n(server_factory, tmp_path):
+    import numpy as np
+    from verl.utils import tensordict_utils as tu
+
+    from rollplan.plugins.verl import RollplanRLHFDataset
+
+    srv = server_factory().start()
+    config, train, val = _datasets(tmp_path, srv.url, "verl-ds")
+    assert type(train) is RollplanRLHFDataset and train.rollplan_train and not val.rollplan_train
+    loader = _loader(train, config)
+    it = iter(loader)
+    with Client(srv.url) as rp:
+        for step in range(2):
+            batch = next(it)
+            plan = rp.plan("verl-ds", BATCH, step=step)  # the stored plan of that step
+            assert not plan.created
+            assert list(batch["rollplan_prompt_id"]) == [i.prompt_id for i in plan.items]
+            assert list(batch["__rollout_n__"]) == [i.rollouts for i in plan.items]
+            assert list(batch["rollplan_step"]) == [step] * BATCH
+            # the rows are the planned prompts' own rows
+            assert [f"arith/{x}" for x in batch["index"]] == [i.prompt_id for i in plan.items]
+            texts = dict(zip([f"arith/{i}" for i in range(N_PROMPTS)], prompt_texts(N_PROMPTS)))
+            assert [m[0]["content"] for m in batch["raw_prompt"]] == [texts[i.prompt_id] for i in plan.items]
+            # the trainer's next hop: TensorDict (what AgentLoopWorkerTQ receives)
+            td = tu.get_tensordict(dict(batch))
+            assert [td["__rollout_n__"][i] for i in range(BATCH)] == [i.rollouts for i in plan.items]
+        # the plan position is checkpointed with the dataloader and restored
+        state = loader.state_dict()
+        config2, train2, _ = _datasets(tmp_path / "resumed", srv.url, "verl-ds")
+        loader2 = _loader(train2, config2)
+        loader2.load_state_dict(state)
+        batch = next(iter(loader2))
+        assert list(batch["rollplan_step"]) == [2] * BATCH
+        assert list(batch["rollplan_prompt_id"]) == [i.prompt_id for i in rp.plan("verl-ds", BATCH, step=2).items]
+    # validation is untouched
+    vbatch = next(iter(_loader(val, config)))
+    assert "__rollout_n__" not in vbatch and list(vbatch["index"]) == [1000, 1001, 1002]
+    assert isinstance(vbatch["index"], np.ndarray)
+    train.rollplan.close()
+
+
+def test_replay_buffer_reports_scores_grouped(server_factory, tmp_path, transfer_queue):
+    import torch
+    from omegaconf import OmegaConf
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from rollplan.plugins.verl import RollplanReplayBuffer
+
+    tq = transfer_queue
+    srv = server_factory().start()
+    config, train, _ = _datasets(tmp_path, srv.url, "verl-rb")
+    batch = tu.get_tensordict(dict(next(iter(_loader(train, config)))))
+    global_steps = 1
+    expected = {}
+    # What AgentLoopWorkerTQ does for each prompt: pop __rollout_n__, run n sessions, put
+    # each trajectory (dataset fields + outputs) under "{uid}_{session}_{output}".
+    for i in range(len(batch)):
+        prompt = {k: (v[i] if isinstance(v, torch.Tensor) else v[i].data if hasattr(v[i], "data") else v[i])
+                  for k, v in batch.items()}
+        uid = f"uid{i}"
+        n = prompt.pop("__rollout_n__")
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "running",
+                                                       "global_steps": global_steps})
+        fields, keys, tags, rewards = [], [], [], []
+        for s in range(n):
+            r = float((i + s) % 2)
+            score = torch.zeros(5)
+            score[-1] = r  # rule-based reward on the last token
+            fields.append({**{k: prompt[k] for k in ("rollplan_prompt_id", "rollplan_step", "index")},
+                           "rm_scores": score, "responses": torch.arange(5)})
+            keys.append(f"{uid}_{s}_0")
+            tags.append({"status": "success", "global_steps": global_steps})
+            rewards.append(r)
+        tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id="train")
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished",
+                                                       "global_steps": global_steps})
+        expected[prompt["rollplan_prompt_id"]] = rewards
+
+    # as the V1 trainer builds a custom sampler
+    buf = RollplanReplayBuffer(
+        trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({"rollplan_run_id": "verl-rb"}),
+        refill_fn=lambda k: pytest.fail("no refill expected"),
+    )
+    meta, _metrics = buf.sample(global_steps, "train", BATCH)
+    assert len(meta.keys) == sum(len(v) for v in expected.values())
+    assert buf.rollplan is train.rollplan  # one scheduler per run in the trainer process
+    assert train.rollplan.flush() == 0
+    with Client(srv.url) as rp:
+        run = rp.get_run("verl-rb")
+        assert run.stats["results"] == BATCH
+        assert run.stats["rollouts"] == sum(len(v) for v in expected.values())
+        plan0 = rp.plan("verl-rb", BATCH, step=0)
+        for item in plan0.items:
+            (hist,) = rp.get_prompt("verl-rb", item.prompt_id)["history"]
+            assert hist["step"] == 0 and sorted(hist["rewards"]) == sorted(expected[item.prompt_id])
+            assert len(hist["rewards"]) == item.rollouts  # __rollout_n__ sessions came back
+    tq.kv_clear(keys=[k for k in meta.keys], partition_id="train")
+    train.rollplan.close()
