@@ -57,3 +57,11 @@ def tiny_model(tokenizer, seed: int = 0):
 
 def prompt_texts(n: int) -> list[str]:
     return [f"what is {WORDS[2 + i % 4]} plus {WORDS[2 + (i // 4) % 4]} {WORDS[16 + i % 4]}" for i in range(n)]
+
+
+def parity_reward(queries, prompts, labels, **kw):
+    """An OpenRLHF-style reward function: 1 when the query's word count has the label's parity."""
+    import torch
+
+    r = torch.tensor([float(len(q.split()) % 2 == int(lab)) for q, lab in zip(queries, labels)])
+    return {"rewards": r, "scores": r, "extra_logs": {"parity": r}}
