@@ -17,7 +17,7 @@ import plugin_helpers
 from plugin_helpers import prompt_texts, require
 from rollplan.client import Client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainers]
 
 require("openrlhf.utils.agent", "openrlhf")
 require("openrlhf.datasets.prompts_dataset", "openrlhf")

@@ -11,7 +11,7 @@ import pytest
 from plugin_helpers import prompt_texts, require, tiny_model, tiny_tokenizer
 from rollplan.client import Client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainers]
 
 require("trl", "trl")
 from rollplan.plugins.trl import RollplanGRPOTrainer  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 from plugin_helpers import prompt_texts, require, tiny_tokenizer
 from rollplan.client import Client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trainers]
 
 require("verl.trainer.ppo.v1.replay_buffer", "verl")
 
