@@ -52,15 +52,16 @@ class Recorder:
         return rewards
 
 
-def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", **extra):
+def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_steps=None, **extra):
     from trl import GRPOConfig
 
     tok = tiny_tokenizer()
+    save = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
     args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=B * G,
-        num_generations=G, max_completion_length=6, learning_rate=1e-3, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, seed=7, bf16=False,
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=B * g,
+        num_generations=g, max_completion_length=6, learning_rate=1e-3, logging_steps=1,
+        report_to="none", use_cpu=True, seed=7, bf16=False,
+        dataloader_num_workers=0, disable_tqdm=True, **save,
     )
     return RollplanGRPOTrainer(
         model=tiny_model(tok), reward_funcs=[recorder], args=args, train_dataset=_dataset(),
@@ -160,4 +161,49 @@ def test_service_outage_mid_training(server_factory, tmp_path, caplog):
         for pid, groups in expected.items():
             hist = rp.get_prompt("trl-outage", pid)["history"]
             assert sorted((h["step"], h["rewards"]) for h in hist) == sorted(groups)
+    trainer.rollplan.close()
+
+
+def test_resume_from_checkpoint_continues_the_run(server_factory, tmp_path):
+    """Train 2 steps and checkpoint; a new trainer resumes from the checkpoint to step 4:
+    it attaches to the same run (PUT with the same settings -> 200), skips the batches
+    of steps 0-1 (their stored plans) and generates for the plans of steps 2 and 3."""
+    srv = server_factory().start()
+    first = Recorder()
+    t1 = _trainer(tmp_path, srv.url, first, max_steps=2, run_id="trl-resume", save_steps=2)
+    t1.train()
+    t1.rollplan.close()
+    second = Recorder()
+    t2 = _trainer(tmp_path, srv.url, second, max_steps=4, run_id="trl-resume", save_steps=2)
+    out = t2.train(resume_from_checkpoint=True)
+    assert out.global_step == 4
+    assert sorted({c["step"][0] for c in second.calls}) == [2, 3]
+    rec = Recorder()
+    rec.calls = first.calls + second.calls
+    _check_service_matches(srv.url, "trl-resume", rec, steps=4)
+    with Client(srv.url) as rp:
+        assert not rp.put_run("trl-resume", rollouts_per_prompt=G, min_rollouts=G, max_rollouts=G).created
+    t2.rollplan.close()
+
+
+def test_mask_to_plan_reports_the_planned_rollout_counts(server_factory, tmp_path):
+    """num_generations=4 but plans of 5 rollouts over 2 prompts (2..4 each): every group is
+    still generated with 4 completions; the rewards past a prompt's planned count are masked
+    (NaN) and only the planned count is reported."""
+    srv = server_factory().start()
+    rec = Recorder()
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3, run_id="trl-mask", g=4,
+                       rollplan_mask_to_plan=True, rollplan_min_rollouts=2, rollplan_rollout_budget=5)
+    trainer.train()
+    with Client(srv.url) as rp:
+        for call in rec.calls:
+            step = call["step"][0]
+            plan = rp.plan("trl-mask", B, rollout_budget=5, step=step)
+            assert sorted(i.rollouts for i in plan.items) == [2, 3]
+            assert sorted(call["ids"]) == sorted(p.prompt_id for p in plan.items for _ in range(4))
+            for item in plan.items:
+                k = call["ids"].index(item.prompt_id)
+                hist = [h for h in rp.get_prompt("trl-mask", item.prompt_id)["history"] if h["step"] == step]
+                assert [h["rewards"] for h in hist] == [call["rewards"][k:k + item.rollouts]]
+        assert rp.get_run("trl-mask").stats["rollouts"] == 3 * 5
     trainer.rollplan.close()

@@ -40,7 +40,8 @@ What it changes, and nothing else:
 Limits (TRL 1.16): every group has exactly ``num_generations`` completions
 (``rewards.view(-1, G)``). The run is therefore created with ``max_rollouts =
 num_generations``. By default ``min_rollouts = num_generations`` (fixed n). With
-``rollplan_mask_to_plan=True`` the run allows ``min_rollouts`` (default 2) and a prompt
+``rollplan_mask_to_plan=True`` the run allows ``min_rollouts`` (default 2), the plan
+spreads ``rollplan_rollout_budget`` rollouts (less than prompts x G) and a prompt
 planned for r < G rollouts still gets G completions generated, but the rewards of the
 last G - r are set to NaN (TRL masks them out of the group baseline and gives them zero
 advantage) and only r rewards are reported: the schedule is honoured for the learning
@@ -146,7 +147,9 @@ class RollplanGRPOTrainer(_GRPOTrainer):
     - ``rollplan_prompt_id_column``: the dataset column holding prompt ids (default
       ``"prompt_id"``; if absent, ids are ``f"{rollplan_id_prefix}{index}"``).
     - ``rollplan_strategy``: the run's strategy (default ``"default"``).
-    - ``rollplan_mask_to_plan`` / ``rollplan_min_rollouts``: see the module notes.
+    - ``rollplan_mask_to_plan`` / ``rollplan_min_rollouts`` / ``rollplan_rollout_budget``
+      (total rollouts per generation batch the plan spreads, default prompts x
+      ``num_generations``): see the module notes.
     - ``rollplan_options``: more :class:`~rollplan.plugins.core.RollplanScheduler`
       arguments (``spool_dir``, ``max_retries``, ``metadata``, ``prompts`` ...).
     """
@@ -162,6 +165,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rollplan_strategy: str | Mapping[str, Any] = "default",
         rollplan_mask_to_plan: bool = False,
         rollplan_min_rollouts: int = 2,
+        rollplan_rollout_budget: int | None = None,
         rollplan_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -176,6 +180,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             ids = PromptIds.from_range(len(dataset), rollplan_id_prefix)
         g = self.num_generations
         self.rollplan_mask_to_plan = rollplan_mask_to_plan
+        self.rollplan_rollout_budget = rollplan_rollout_budget
         options = dict(rollplan_options or {})
         options.setdefault("seed", self.args.seed)
         options.setdefault("reporter", "trl")
@@ -214,6 +219,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             num_generations=self.num_generations,
             batch_size=self.args.generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * self.args.steps_per_generation,
+            rollout_budget=self.rollplan_rollout_budget,
         )
         return self._rollplan_sampler
 
