@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import defaultdict
 
@@ -16,6 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.trainers]
 require("trl", "trl")
 from rollplan.plugins.trl import RollplanGRPOTrainer  # noqa: E402
 
+# ROLLPLAN_TEST_CUDA=1 trains on the GPU (checked on an H200); the default is the CPU.
+ON_CUDA = os.environ.get("ROLLPLAN_TEST_CUDA", "") == "1"
 N_PROMPTS = 12
 G = 2  # num_generations
 B = 2  # distinct prompts per generation batch (= per Rollplan step)
@@ -60,7 +63,7 @@ def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_st
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=B * g,
         num_generations=g, max_completion_length=6, learning_rate=1e-3, logging_steps=1,
-        report_to="none", use_cpu=True, seed=7, bf16=False,
+        report_to="none", use_cpu=not ON_CUDA, seed=7, bf16=False,
         dataloader_num_workers=0, disable_tqdm=True, **save,
     )
     return RollplanGRPOTrainer(
@@ -108,6 +111,7 @@ def test_grpo_trainer_trains_on_planned_prompts_and_reports(server_factory, tmp_
     trainer = _trainer(tmp_path, srv.url, rec, max_steps=3)
     out = trainer.train()
     assert out.global_step == 3
+    assert next(trainer.model.parameters()).device.type == ("cuda" if ON_CUDA else "cpu")
     _check_service_matches(srv.url, "trl-test", rec, steps=3)
     assert trainer.rollplan.stats.fallback_plans == 0
     assert trainer.rollplan.spooled() == 0
