@@ -3,9 +3,11 @@
 ``collate_fn`` the trainer uses, TensorDict conversion, TransferQueue on a local Ray,
 and the replay buffer's real ``sample`` — against a live Rollplan server.
 
-What does not run here: the PPOTrainer step itself (actor/rollout workers need vLLM or
-SGLang and GPUs); the agent loop is stood in for by writing trajectories to TransferQueue
-exactly as ``AgentLoopWorkerTQ._agent_loop_postprocess`` does.
+The V1 ``PPOTrainerSync`` itself is built from verl's Hydra config with the Rollplan
+overrides, and its own ``_init_dataloader`` and ``_next_train_batch`` run. What does not
+run here: its workers, rollout servers and the PPO update (FSDP/Megatron workers and
+vLLM/SGLang servers need GPUs); the agent loop is stood in for by writing trajectories to
+TransferQueue as ``AgentLoopWorkerTQ._agent_loop_postprocess`` does.
 """
 
 from __future__ import annotations
@@ -140,62 +142,111 @@ def test_dataset_serves_planned_prompts_with_rollout_n(server_factory, tmp_path)
     train.rollplan.close()
 
 
-def test_replay_buffer_reports_scores_grouped(server_factory, tmp_path, transfer_queue):
+def _v1_trainer(tmp_path, url, run_id):
+    """verl's real sync V1 ``PPOTrainer`` built from its own Hydra config (ppo_trainer.yaml)
+    with the README's overrides, a tiny model directory written in the test (nothing
+    downloaded), up to its dataloader: workers and rollout servers (GPU) are not started."""
+    import os
+
+    import verl.trainer.config as verl_config
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from plugin_helpers import tiny_model
+
+    model_dir = tmp_path / "model"
+    tok = _tokenizer()
+    tok.save_pretrained(model_dir)
+    tiny_model(tok).save_pretrained(model_dir)
+    train = _parquet(tmp_path / "train.parquet", N_PROMPTS)
+    val = _parquet(tmp_path / "val.parquet", 4, offset=1000)
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.n=4", "trainer.device=cpu",
+        f"data.train_files={train}", f"data.val_files={val}", f"data.train_batch_size={BATCH}",
+        "data.max_prompt_length=64", "data.max_response_length=16", "data.shuffle=False",
+        "data.dataloader_num_workers=0",
+        # the README's Rollplan overrides
+        "data.custom_cls.path=pkg://rollplan.plugins.verl", "data.custom_cls.name=RollplanRLHFDataset",
+        f"+data.rollplan.run_id={run_id}", f"+data.rollplan.url={url}", "+data.rollplan.rollouts_per_prompt=4",
+        "+data.rollplan.min_rollouts=2", "+data.rollplan.max_rollouts=8", "+data.rollplan.id_prefix=arith/",
+        f"+data.rollplan.spool_dir={tmp_path / 'spool'}",
+        "trainer.v1.sampler.custom_sampler.path=pkg://rollplan.plugins.verl",
+        "trainer.v1.sampler.custom_sampler.name=RollplanReplayBuffer",
+        f"+trainer.v1.sampler.sampler_kwargs.rollplan_run_id={run_id}",
+        f"+trainer.v1.sampler.sampler_kwargs.rollplan_url={url}",
+    ]
+    with initialize_config_dir(config_dir=os.path.dirname(verl_config.__file__), version_base=None):
+        cfg = compose("ppo_trainer", overrides=overrides)
+    assert cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode == "sync"
+    trainer = PPOTrainerSync(cfg)  # builds the replay buffer from trainer.v1.sampler.custom_sampler
+    trainer._init_tokenizer()
+    trainer._init_dataloader()  # builds both datasets through data.custom_cls
+    trainer.global_steps = 1  # as fit() sets it before the first step
+    return trainer
+
+
+def test_v1_trainer_plans_prompts_and_replay_buffer_reports(server_factory, tmp_path, transfer_queue):
     import torch
-    from omegaconf import OmegaConf
-    from verl.utils import tensordict_utils as tu
+    from tensordict import NonTensorData, NonTensorStack
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from rollplan.plugins.verl import RollplanReplayBuffer
+    from rollplan.plugins.verl import RollplanReplayBuffer, RollplanRLHFDataset
 
     tq = transfer_queue
     srv = server_factory().start()
-    config, train, _ = _datasets(tmp_path, srv.url, "verl-rb")
-    batch = tu.get_tensordict(dict(next(iter(_loader(train, config)))))
-    global_steps = 1
+    trainer = _v1_trainer(tmp_path, srv.url, "verl-v1")
+    assert isinstance(trainer.replay_buffer, RollplanReplayBuffer)
+    assert isinstance(trainer.train_dataset, RollplanRLHFDataset) and trainer.train_dataset.rollplan_train
+    assert not trainer.val_dataset.rollplan_train
+
+    # the trainer's own fetch: what _submit_batch_to_rollout hands to the agent loop
+    batch = trainer._next_train_batch()
+    assert len(batch) == BATCH
+    with Client(srv.url) as rp:
+        plan = rp.plan("verl-v1", BATCH, step=0)
+    assert not plan.created
+
+    def value(v, i):
+        if isinstance(v, torch.Tensor):
+            return v[i]
+        if isinstance(v, NonTensorStack):
+            return v[i].data
+        return v.data if isinstance(v, NonTensorData) else v[i]
+
+    # As AgentLoopWorkerTQ.generate_sequences / _run_prompt / _agent_loop_postprocess do
+    # (they need a rollout server): per prompt, pop __rollout_n__ and store n trajectories.
+    tq.kv_batch_put(keys=list(batch["uid"]), partition_id="train",
+                    tags=[{"is_prompt": True, "status": "pending", "global_steps": 1} for _ in range(len(batch))])
     expected = {}
-    # What AgentLoopWorkerTQ does for each prompt: pop __rollout_n__, run n sessions, put
-    # each trajectory (dataset fields + outputs) under "{uid}_{session}_{output}".
     for i in range(len(batch)):
-        prompt = {k: (v[i] if isinstance(v, torch.Tensor) else v[i].data if hasattr(v[i], "data") else v[i])
-                  for k, v in batch.items()}
-        uid = f"uid{i}"
-        n = prompt.pop("__rollout_n__")
-        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "running",
-                                                       "global_steps": global_steps})
-        fields, keys, tags, rewards = [], [], [], []
+        prompt = {k: value(v, i) for k, v in batch.items()}
+        uid, n = prompt["uid"], prompt.pop("__rollout_n__")
+        assert (prompt["rollplan_prompt_id"], n) == (plan.items[i].prompt_id, plan.items[i].rollouts)
+        assert prompt["global_steps"] == 1 and prompt["rollplan_step"] == 0
+        fields, keys, rewards = [], [], []
         for s in range(n):
             r = float((i + s) % 2)
             score = torch.zeros(5)
-            score[-1] = r  # rule-based reward on the last token
-            fields.append({**{k: prompt[k] for k in ("rollplan_prompt_id", "rollplan_step", "index")},
-                           "rm_scores": score, "responses": torch.arange(5)})
+            score[-1] = r  # a rule-based reward sits on the last response token
+            fields.append({**prompt, "session_id": s, "rm_scores": score, "responses": torch.arange(5)})
             keys.append(f"{uid}_{s}_0")
-            tags.append({"status": "success", "global_steps": global_steps})
             rewards.append(r)
-        tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags, partition_id="train")
-        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished",
-                                                       "global_steps": global_steps})
+        tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), partition_id="train",
+                        tags=[{"status": "success", "global_steps": 1} for _ in keys])
+        tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": 1})
         expected[prompt["rollplan_prompt_id"]] = rewards
 
-    # as the V1 trainer builds a custom sampler
-    buf = RollplanReplayBuffer(
-        trainer_mode="sync", trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
-        max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create({"rollplan_run_id": "verl-rb"}),
-        refill_fn=lambda k: pytest.fail("no refill expected"),
-    )
-    meta, _metrics = buf.sample(global_steps, "train", BATCH)
+    meta, _metrics = trainer.replay_buffer.sample(trainer.global_steps, "train", BATCH)
     assert len(meta.keys) == sum(len(v) for v in expected.values())
-    assert buf.rollplan is train.rollplan  # one scheduler per run in the trainer process
-    assert train.rollplan.flush() == 0
+    assert trainer.replay_buffer.rollplan is trainer.train_dataset.rollplan  # one scheduler per run
+    assert trainer.train_dataset.rollplan.flush() == 0
     with Client(srv.url) as rp:
-        run = rp.get_run("verl-rb")
+        run = rp.get_run("verl-v1")
         assert run.stats["results"] == BATCH
         assert run.stats["rollouts"] == sum(len(v) for v in expected.values())
-        plan0 = rp.plan("verl-rb", BATCH, step=0)
-        for item in plan0.items:
-            (hist,) = rp.get_prompt("verl-rb", item.prompt_id)["history"]
-            assert hist["step"] == 0 and sorted(hist["rewards"]) == sorted(expected[item.prompt_id])
-            assert len(hist["rewards"]) == item.rollouts  # __rollout_n__ sessions came back
-    tq.kv_clear(keys=[k for k in meta.keys], partition_id="train")
-    train.rollplan.close()
+        for item in plan.items:
+            (hist,) = rp.get_prompt("verl-v1", item.prompt_id)["history"]
+            assert hist["step"] == 0 and hist["rewards"] == expected[item.prompt_id]
+            assert len(hist["rewards"]) == item.rollouts  # the __rollout_n__ sessions came back
+    tq.kv_clear(keys=list(meta.keys), partition_id="train")
+    trainer.train_dataset.rollplan.close()
