@@ -107,3 +107,37 @@ def test_labels_round_trip_and_plain_labels_pass_through():
     assert info["rollplan_id"] == "a/1" and info["rollplan_step"] == 3 and label == {"x": 1}
     assert decode_label("42") == (None, "42")
     assert decode_label('{"answer": 1}') == (None, '{"answer": 1}')
+
+
+def test_prompt_loader_episodes_and_resume_without_service(tmp_path):
+    """One iteration is one episode (OpenRLHF re-iterates per episode); a restored
+    state_dict continues mid-step. With the service down the plans are uniform."""
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.openrlhf import RollplanPromptLoader, prompt_ids
+
+    ds = _prompt_dataset()
+    sched = RollplanScheduler("orl-off", prompt_ids(ds, "q/"), url="http://127.0.0.1:9", max_retries=0,
+                              spool_dir=tmp_path)
+    loader = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N)
+    steps = [[json.loads(lab[0])["rollplan_step"] for _, _, lab, _ in loader] for _ in range(2)]
+    assert steps == [[0] * B + [1] * B + [2] * B, [3] * B + [4] * B + [5] * B]
+    it = iter(loader)
+    first = [json.loads(next(it)[2][0]) for _ in range(2)]
+    state = loader.state_dict()
+    assert state == {"rollplan_step": 6, "rollplan_pos": 2}
+    again = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N)
+    again.load_state_dict(state)
+    rest = [json.loads(lab[0]) for _, _, lab, _ in again]
+    assert [x["rollplan_step"] for x in rest] == [6] + [7] * B + [8] * B
+    # the same step -> the same (seeded uniform) prompts, item 3 of step 6 completes it
+    assert len({x["rollplan_id"] for x in first + rest[:1]}) == B
+    sched.close(timeout=10)
+
+
+def test_launcher_argv():
+    from rollplan.plugins.openrlhf import _split_argv
+
+    ours, rest = _split_argv(["--rollplan.run_id", "r", "--rollplan.url=http://x", "--rollout.batch_size", "8"])
+    assert ours == {"run_id": "r", "url": "http://x"} and rest == ["--rollout.batch_size", "8"]
+    with pytest.raises(SystemExit):
+        _split_argv(["--rollplan.nope", "1"])
