@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Set up a virtual environment with the server and test tools, then run the tests.
+# Set up a virtual environment with the server, the test tools, the CPU build of torch
+# and the trainer packages the plugin tests run against, then run the tests.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k plans -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+PIP=(.venv/bin/python -m pip install -q)
+"${PIP[@]}" --upgrade pip
+# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -e '.[dev,bench,trl,verl]'
+# OpenRLHF hard-pins flash-attn and vLLM (GPU only); the plugin tests use the parts that
+# import on a CPU machine.
+"${PIP[@]}" --no-deps 'openrlhf==0.11.2'
 exec .venv/bin/python -m pytest "$@"

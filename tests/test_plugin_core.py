@@ -1,0 +1,130 @@
+"""The trainer-independent plugin core against a live server (no trainer package needed)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from rollplan.client import Client
+from rollplan.plugins.core import PromptIds, RollplanScheduler
+
+pytestmark = pytest.mark.slow
+
+IDS = [f"q/{i}" for i in range(20)]
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    """Plugin tests run on SQLite only (overrides the SQLite+PostgreSQL fixture)."""
+    return f"sqlite:///{tmp_path / 'plugins.db'}"
+
+
+def _sched(url, tmp_path, **kw):
+    kw.setdefault("spool_dir", tmp_path / "spool")
+    return RollplanScheduler("core-run", IDS, url=url, rollouts_per_prompt=4, max_retries=1, backoff=0.05,
+                             timeout=5, **kw)
+
+
+def test_core_imports_no_trainer_or_torch():
+    code = ("import sys, rollplan.plugins.core; "
+            "bad = [m for m in ('torch', 'trl', 'verl', 'openrlhf', 'numpy') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_prompt_ids():
+    ids = PromptIds(["a", "b/c"])
+    assert ids.index("b/c") == 1 and ids.id(0) == "a" and "a" in ids and len(ids) == 2
+    with pytest.raises(ValueError, match="duplicate"):
+        PromptIds(["a", "a"])
+    assert PromptIds.from_range(3, "x/").ids == ["x/0", "x/1", "x/2"]
+
+
+def test_plans_are_per_step_and_prefetched(server_factory, tmp_path):
+    srv = server_factory().start()
+    a = _sched(srv.url, tmp_path, reporter="rank0")
+    b = _sched(srv.url, tmp_path, reporter="rank1", upload=False)
+    assert a.attach() and b.attach()
+    p0 = a.plan(0, 5)
+    assert p0.source == "service" and len(set(p0.indices)) == 5 and sum(p0.rollouts) == 20
+    assert [IDS[i] for i in p0.indices] == p0.prompt_ids
+    # another rank asking for the same step gets the same prompts
+    assert b.plan(0, 5).prompt_ids == p0.prompt_ids
+    # step 1 was prefetched by a.plan(0): the stored plan on the service is the one a gets
+    p1 = a.plan(1, 5)
+    with Client(srv.url) as rp:
+        stored = rp.plan("core-run", 5, step=1)
+        assert not stored.created and [i.prompt_id for i in stored.items] == p1.prompt_ids
+        # reports: queued, sent in the background, idempotent by report id
+        a.report(0, [(pid, [1, 0, 1, 0]) for pid in p0.prompt_ids], plan_id=p0.plan_id)
+        assert a.flush() == 0
+        a.report(0, [(pid, [1, 0, 1, 0]) for pid in p0.prompt_ids], plan_id=p0.plan_id)  # resent
+        assert a.flush() == 0
+        stats = rp.get_run("core-run").stats
+        assert stats["results"] == 5 and stats["rollouts"] == 20
+    # a resumed trainer attaches to the same run (same settings -> 200, not a new run)
+    c = _sched(srv.url, tmp_path, reporter="rank0")
+    assert c.attach()
+    assert c.plan(1, 5).prompt_ids == p1.prompt_ids
+    for s in (a, b, c):
+        s.close()
+
+
+def test_outage_falls_back_spools_and_replays(server_factory, tmp_path, caplog):
+    srv = server_factory().start()
+    s = _sched(srv.url, tmp_path, prefetch=False)
+    assert s.attach()
+    p0 = s.plan(0, 4)
+    srv.kill()
+    with caplog.at_level(logging.WARNING, logger="rollplan.plugins"):
+        s.report(0, [(pid, [1, 0, 0, 0]) for pid in p0.prompt_ids], plan_id=p0.plan_id)
+        fallbacks = [s.plan(k, 4) for k in (1, 2)]
+        s.report(1, [(pid, [1, 1, 0, 0]) for pid in fallbacks[0].prompt_ids])
+        assert s.flush(timeout=30) == 2  # nothing reachable: both reports wait in the spool
+    assert all(p.source == "uniform" and p.plan_id is None for p in fallbacks)
+    # the fallback is the same on every rank: seeded by seed and step only
+    assert _sched(srv.url, tmp_path, prefetch=False)._uniform(1, 4, None) == fallbacks[0]
+    assert s.stats.outages == 1 and s.stats.fallback_plans == 2
+    assert sum("UNREACHABLE" in r.getMessage() for r in caplog.records) == 1
+    assert not s.online
+
+    srv.start()  # same port
+    assert s.plan(3, 4).source == "service"
+    assert s.flush(timeout=30) == 0 and s.spooled() == 0
+    with Client(srv.url) as rp:
+        assert rp.get_run("core-run").stats["results"] == 8
+    # a report replayed twice (e.g. from a leftover spool) is counted once
+    s.report(1, [(pid, [1, 1, 0, 0]) for pid in fallbacks[0].prompt_ids])
+    assert s.flush() == 0
+    with Client(srv.url) as rp:
+        assert rp.get_run("core-run").stats["results"] == 8
+    s.close()
+
+
+def test_leftover_spool_is_replayed_at_next_start(server_factory, tmp_path):
+    srv = server_factory().start()
+    s = _sched(srv.url, tmp_path, prefetch=False)
+    assert s.attach()
+    srv.kill()
+    s.report(0, [(IDS[0], [1, 0]), (IDS[1], [None, 1.0, float("nan")])])
+    assert s.close(timeout=30) == 1  # the trainer ends (or crashes) with a spooled report
+    srv.start()
+    s2 = _sched(srv.url, tmp_path, prefetch=False)
+    assert s2.attach()
+    assert s2.flush() == 0
+    with Client(srv.url) as rp:
+        assert rp.get_run("core-run").stats["rollouts"] == 3  # None / NaN rewards left out
+        assert rp.get_prompt("core-run", IDS[1])["history"][0]["rewards"] == [1.0]
+    s2.close()
+
+
+def test_never_raises_without_a_service(tmp_path):
+    s = RollplanScheduler("nowhere", IDS, url="http://127.0.0.1:9", max_retries=0, spool_dir=tmp_path)
+    assert not s.attach()
+    plan = s.plan(0, 3)
+    assert plan.source == "uniform" and len(plan) == 3 and plan.rollouts == [8, 8, 8]
+    s.report(0, [(plan.prompt_ids[0], [1.0])])
+    assert s.close(timeout=10) == 1

@@ -1,0 +1,144 @@
+"""OpenRLHF 0.11 (installed with --no-deps): the reward module through OpenRLHF's own loader
+and call path (``SingleTurnAgentExecutor`` with ``--reward.remote_url`` = the module
+file), and the launcher's prompt loader over OpenRLHF's real ``PromptDataset`` — against a
+live Rollplan server. The trainer actor and the vLLM engines themselves need flash-attn,
+vLLM and GPUs and do not run here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+import plugin_helpers
+from plugin_helpers import prompt_texts, require
+from rollplan.client import Client
+
+pytestmark = [pytest.mark.slow, pytest.mark.trainers]
+
+require("openrlhf.utils.agent", "openrlhf")
+require("openrlhf.datasets.prompts_dataset", "openrlhf")
+
+N_PROMPTS = 9
+B = 3  # rollout.batch_size
+N = 4  # rollout.n_samples_per_prompt
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    """Plugin tests run on SQLite only (overrides the SQLite+PostgreSQL fixture)."""
+    return f"sqlite:///{tmp_path / 'plugins.db'}"
+
+
+def _prompt_dataset():
+    from datasets import Dataset
+    from openrlhf.datasets.prompts_dataset import PromptDataset
+
+    data = Dataset.from_dict({"question": prompt_texts(N_PROMPTS), "answer": [str(i % 2) for i in range(N_PROMPTS)]})
+    args = types.SimpleNamespace(data=types.SimpleNamespace(input_key="question", label_key="answer",
+                                                            apply_chat_template=False, image_key="images"))
+    strategy = types.SimpleNamespace(args=args, is_rank_0=lambda: True)
+    return PromptDataset(data, None, strategy)
+
+
+def test_prompt_loader_and_reward_module(server_factory, tmp_path, monkeypatch):
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    from rollplan.plugins import openrlhf_reward
+    from rollplan.plugins.openrlhf import RollplanPromptLoader, scheduler_from_env
+
+    srv = server_factory().start()
+    monkeypatch.setenv("ROLLPLAN_URL", srv.url)
+    monkeypatch.setenv("ROLLPLAN_RUN_ID", "orl")
+    monkeypatch.setenv("ROLLPLAN_ID_PREFIX", "q/")
+    monkeypatch.setenv("ROLLPLAN_SPOOL_DIR", str(tmp_path / "spool"))
+    monkeypatch.setenv("ROLLPLAN_SCORE_FUNC", f"{Path(plugin_helpers.__file__).resolve()}:parity_reward")
+
+    # trainer actor side: the loader OpenRLHF's SamplesGenerator pulls one item at a time from
+    ds = _prompt_dataset()
+    sched = scheduler_from_env(ds, n_samples=N)
+    loader = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N)
+    assert len(loader) == N_PROMPTS
+    it = iter(loader)
+    drawn = []  # (prompt, label) per step, as _collect_prompt_batch gathers them
+    with Client(srv.url) as rp:
+        for step in range(2):
+            items = [next(it) for _ in range(B)]
+            plan = rp.plan("orl", B, step=step)
+            labels = [json.loads(lab[0]) for _, _, lab, _ in items]
+            assert [x["rollplan_id"] for x in labels] == [i.prompt_id for i in plan.items]
+            assert all(x["rollplan_step"] == step and x["n"] == N for x in labels)
+            texts = prompt_texts(N_PROMPTS)
+            for (_, prompt, _, _), item, x in zip(items, plan.items, labels):
+                k = int(item.prompt_id.split("/")[1])
+                assert prompt == [texts[k]] and x["label"] == str(k % 2)
+            drawn.append([(p[0], lab[0]) for _, p, lab, _ in items])
+        assert loader.state_dict() == {"rollplan_step": 1, "rollplan_pos": 3}
+
+    # engine side: OpenRLHF loads the module from --reward.remote_url and calls it per sample
+    executor = SingleTurnAgentExecutor(remote_rm_url=openrlhf_reward.__file__)
+    assert executor.reward_func is not None
+    expected = {}
+    for step, batch in enumerate(drawn):
+        for s in range(N):  # samples of different prompts interleave, as engines finish them
+            for prompt, label in batch:
+                query = prompt + " yes" * s
+                (out,) = asyncio.run(executor._fetch_rewards_via_func([query], [prompt], [label]))
+                want = float(len(query.split()) % 2 == int(json.loads(label)["label"]))
+                assert out["rewards"].tolist() == [want]  # the user's function got the original label
+                expected.setdefault((step, json.loads(label)["rollplan_id"]), []).append(want)
+    assert executor.reward_func.rollplan_flush() == 0
+    with Client(srv.url) as rp:
+        run = rp.get_run("orl")
+        assert run.stats["results"] == 2 * B and run.stats["rollouts"] == 2 * B * N
+        for (step, pid), rewards in expected.items():
+            # A prompt may be planned at both steps: take this step's group.
+            (hist,) = [h for h in rp.get_prompt("orl", pid)["history"] if h["step"] == step]
+            assert hist["rewards"] == rewards
+    sched.close()
+
+
+def test_labels_round_trip_and_plain_labels_pass_through():
+    from rollplan.plugins.openrlhf_reward import decode_label, encode_label
+
+    info, label = decode_label(encode_label("a/1", 3, 8, {"x": 1}))
+    assert info["rollplan_id"] == "a/1" and info["rollplan_step"] == 3 and label == {"x": 1}
+    assert decode_label("42") == (None, "42")
+    assert decode_label('{"answer": 1}') == (None, '{"answer": 1}')
+
+
+def test_prompt_loader_episodes_and_resume_without_service(tmp_path):
+    """One iteration is one episode (OpenRLHF re-iterates per episode); a restored
+    state_dict continues mid-step. With the service down the plans are uniform."""
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.openrlhf import RollplanPromptLoader, prompt_ids
+
+    ds = _prompt_dataset()
+    sched = RollplanScheduler("orl-off", prompt_ids(ds, "q/"), url="http://127.0.0.1:9", max_retries=0,
+                              spool_dir=tmp_path)
+    loader = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N)
+    steps = [[json.loads(lab[0])["rollplan_step"] for _, _, lab, _ in loader] for _ in range(2)]
+    assert steps == [[0] * B + [1] * B + [2] * B, [3] * B + [4] * B + [5] * B]
+    it = iter(loader)
+    first = [json.loads(next(it)[2][0]) for _ in range(2)]
+    state = loader.state_dict()
+    assert state == {"rollplan_step": 6, "rollplan_pos": 2}
+    again = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N)
+    again.load_state_dict(state)
+    rest = [json.loads(lab[0]) for _, _, lab, _ in again]
+    assert [x["rollplan_step"] for x in rest] == [6] + [7] * B + [8] * B
+    # the same step -> the same (seeded uniform) prompts, item 3 of step 6 completes it
+    assert len({x["rollplan_id"] for x in first + rest[:1]}) == B
+    sched.close(timeout=10)
+
+
+def test_launcher_argv():
+    from rollplan.plugins.openrlhf import _split_argv
+
+    ours, rest = _split_argv(["--rollplan.run_id", "r", "--rollplan.url=http://x", "--rollout.batch_size", "8"])
+    assert ours == {"run_id": "r", "url": "http://x"} and rest == ["--rollout.batch_size", "8"]
+    with pytest.raises(SystemExit):
+        _split_argv(["--rollplan.nope", "1"])

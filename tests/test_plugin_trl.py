@@ -1,0 +1,213 @@
+"""The real TRL ``GRPOTrainer`` (CPU, tiny random model) against a live Rollplan server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+
+import pytest
+
+from plugin_helpers import prompt_texts, require, tiny_model, tiny_tokenizer
+from rollplan.client import Client
+
+pytestmark = [pytest.mark.slow, pytest.mark.trainers]
+
+require("trl", "trl")
+from rollplan.plugins.trl import RollplanGRPOTrainer  # noqa: E402
+
+# ROLLPLAN_TEST_CUDA=1 trains on the GPU (checked on an H200); the default is the CPU.
+ON_CUDA = os.environ.get("ROLLPLAN_TEST_CUDA", "") == "1"
+N_PROMPTS = 12
+G = 2  # num_generations
+B = 2  # distinct prompts per generation batch (= per Rollplan step)
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    """Plugin tests run on SQLite only (overrides the SQLite+PostgreSQL fixture)."""
+    return f"sqlite:///{tmp_path / 'plugins.db'}"
+
+
+def _dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": prompt_texts(N_PROMPTS),
+                              "prompt_id": [f"arith/{i}" for i in range(N_PROMPTS)]})
+
+
+class Recorder:
+    """A reward function that records what it scored; reward = parity of the completion length."""
+
+    __name__ = "recorder"
+
+    def __init__(self, on_call=None):
+        self.calls: list[dict] = []
+        self.on_call = on_call
+
+    def __call__(self, prompts, completions, completion_ids, rollplan_step, rollplan_prompt_id, **kw):
+        rewards = [float(len(c) % 2) for c in completion_ids]
+        self.calls.append({"step": rollplan_step, "ids": list(rollplan_prompt_id), "prompts": list(prompts),
+                           "rewards": rewards, "global_step": kw["trainer_state"].global_step})
+        if self.on_call:
+            self.on_call(len(self.calls))
+        return rewards
+
+
+def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_steps=None, **extra):
+    from trl import GRPOConfig
+
+    tok = tiny_tokenizer()
+    save = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=B * g,
+        num_generations=g, max_completion_length=6, learning_rate=1e-3, logging_steps=1,
+        report_to="none", use_cpu=not ON_CUDA, seed=7, bf16=False,
+        dataloader_num_workers=0, disable_tqdm=True, **save,
+    )
+    return RollplanGRPOTrainer(
+        model=tiny_model(tok), reward_funcs=[recorder], args=args, train_dataset=_dataset(),
+        processing_class=tok, rollplan_run_id=run_id, rollplan_url=url,
+        rollplan_options={"spool_dir": tmp_path / "spool", "max_retries": 2, "backoff": 0.1, "timeout": 5},
+        **extra,
+    )
+
+
+def _check_service_matches(url, run_id, recorder, steps):
+    """Planned prompts == generated prompts; stored groups == recorded rewards."""
+    texts = dict(zip([f"arith/{i}" for i in range(N_PROMPTS)], prompt_texts(N_PROMPTS)))
+    by_step = defaultdict(list)
+    for call in recorder.calls:
+        assert len(set(call["step"])) == 1
+        by_step[call["step"][0]].append(call)
+    assert sorted(by_step) == list(range(steps))
+    expected = defaultdict(list)  # prompt id -> [(step, rewards)]
+    with Client(url) as rp:
+        for step in range(steps):
+            (call,) = by_step[step]
+            plan = rp.plan(run_id, B, step=step)  # the stored plan of that step
+            assert not plan.created
+            planned = [i.prompt_id for i in plan.items]
+            # the trainer generated G completions for exactly the planned prompts
+            assert sorted(call["ids"]) == sorted(p for p in planned for _ in range(G))
+            assert all(texts[pid] == p for pid, p in zip(call["ids"], call["prompts"]))
+            for k in range(0, len(call["ids"]), G):
+                expected[call["ids"][k]].append((step, call["rewards"][k:k + G]))
+        run = rp.get_run(run_id)
+        assert run.stats["results"] == steps * B
+        assert run.stats["rollouts"] == steps * B * G
+        for pid, groups in expected.items():
+            hist = rp.get_prompt(run_id, pid)["history"]
+            assert sorted((h["step"], h["rewards"]) for h in hist) == sorted(groups)
+        for p in rp.list_prompts(run_id):
+            if p["id"] not in expected:
+                assert p["rollouts"] == 0
+
+
+def test_grpo_trainer_trains_on_planned_prompts_and_reports(server_factory, tmp_path):
+    srv = server_factory().start()
+    rec = Recorder()
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3)
+    out = trainer.train()
+    assert out.global_step == 3
+    assert next(trainer.model.parameters()).device.type == ("cuda" if ON_CUDA else "cpu")
+    _check_service_matches(srv.url, "trl-test", rec, steps=3)
+    assert trainer.rollplan.stats.fallback_plans == 0
+    assert trainer.rollplan.spooled() == 0
+    # the plan's step is the trainer's global step (defaults: one generation per step)
+    assert [c["global_step"] for c in rec.calls] == [0, 1, 2]
+    trainer.rollplan.close()
+
+    # Resume: a new trainer on the same run attaches (PUT with the same settings -> 200)
+    rec2 = Recorder()
+    again = _trainer(tmp_path, srv.url, rec2, max_steps=1)
+    with Client(srv.url) as rp:
+        assert rp.get_run("trl-test").stats["results"] == 3 * B
+    again.rollplan.close()
+
+
+def test_service_outage_mid_training(server_factory, tmp_path, caplog):
+    """The server is SIGKILLed after the first generation and restarted on the same port two
+    generations later: training runs all steps (uniform fallback while down), and every
+    group reaches the service (spooled reports replayed)."""
+    srv = server_factory().start()
+    done = threading.Event()
+
+    def on_call(n):
+        if n == 1:
+            srv.kill()
+        if n == 3:
+            srv.start()  # same port
+            done.set()
+
+    rec = Recorder(on_call)
+    steps = 5
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=steps, run_id="trl-outage")
+    with caplog.at_level(logging.WARNING, logger="rollplan.plugins"):
+        out = trainer.train()
+    assert out.global_step == steps and done.is_set()
+    stats = trainer.rollplan.stats
+    assert stats.outages >= 1 and stats.fallback_plans >= 1
+    assert stats.reports_spooled >= 1 and stats.reports_replayed >= 1
+    assert trainer.rollplan.spooled() == 0
+    loud = [r for r in caplog.records if "UNREACHABLE" in r.getMessage()]
+    assert len(loud) == stats.outages  # once per outage, not once per call
+    # every generated group is stored once, with the prompt ids and rewards it had
+    expected = defaultdict(list)
+    for call in rec.calls:
+        for k in range(0, len(call["ids"]), G):
+            expected[call["ids"][k]].append((call["step"][k], call["rewards"][k:k + G]))
+    with Client(srv.url) as rp:
+        run = rp.get_run("trl-outage")
+        assert run.stats["results"] == steps * B
+        assert run.stats["rollouts"] == steps * B * G
+        for pid, groups in expected.items():
+            hist = rp.get_prompt("trl-outage", pid)["history"]
+            assert sorted((h["step"], h["rewards"]) for h in hist) == sorted(groups)
+    trainer.rollplan.close()
+
+
+def test_resume_from_checkpoint_continues_the_run(server_factory, tmp_path):
+    """Train 2 steps and checkpoint; a new trainer resumes from the checkpoint to step 4:
+    it attaches to the same run (PUT with the same settings -> 200), skips the batches
+    of steps 0-1 (their stored plans) and generates for the plans of steps 2 and 3."""
+    srv = server_factory().start()
+    first = Recorder()
+    t1 = _trainer(tmp_path, srv.url, first, max_steps=2, run_id="trl-resume", save_steps=2)
+    t1.train()
+    t1.rollplan.close()
+    second = Recorder()
+    t2 = _trainer(tmp_path, srv.url, second, max_steps=4, run_id="trl-resume", save_steps=2)
+    out = t2.train(resume_from_checkpoint=True)
+    assert out.global_step == 4
+    assert sorted({c["step"][0] for c in second.calls}) == [2, 3]
+    rec = Recorder()
+    rec.calls = first.calls + second.calls
+    _check_service_matches(srv.url, "trl-resume", rec, steps=4)
+    with Client(srv.url) as rp:
+        assert not rp.put_run("trl-resume", rollouts_per_prompt=G, min_rollouts=G, max_rollouts=G).created
+    t2.rollplan.close()
+
+
+def test_mask_to_plan_reports_the_planned_rollout_counts(server_factory, tmp_path):
+    """num_generations=4 but plans of 5 rollouts over 2 prompts (2..4 each): every group is
+    still generated with 4 completions; the rewards past a prompt's planned count are masked
+    (NaN) and only the planned count is reported."""
+    srv = server_factory().start()
+    rec = Recorder()
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3, run_id="trl-mask", g=4,
+                       rollplan_mask_to_plan=True, rollplan_min_rollouts=2, rollplan_rollout_budget=5)
+    trainer.train()
+    with Client(srv.url) as rp:
+        for call in rec.calls:
+            step = call["step"][0]
+            plan = rp.plan("trl-mask", B, rollout_budget=5, step=step)
+            assert sorted(i.rollouts for i in plan.items) == [2, 3]
+            assert sorted(call["ids"]) == sorted(p.prompt_id for p in plan.items for _ in range(4))
+            for item in plan.items:
+                k = call["ids"].index(item.prompt_id)
+                hist = [h for h in rp.get_prompt("trl-mask", item.prompt_id)["history"] if h["step"] == step]
+                assert [h["rewards"] for h in hist] == [call["rewards"][k:k + item.rollouts]]
+        assert rp.get_run("trl-mask").stats["rollouts"] == 3 * 5
+    trainer.rollplan.close()

@@ -1,0 +1,533 @@
+"""The trainer-independent core of the Rollplan trainer plugins.
+
+:class:`RollplanScheduler` is what every adapter (TRL, verl, OpenRLHF) holds. It
+
+- attaches to a run (``PUT /v1/runs/{id}``: created the first time, attached again by a
+  trainer resumed from a checkpoint, which then continues at its own global step) and
+  uploads the local dataset's prompt ids (an idempotent upsert);
+- maps prompt ids to dataset indices and back (:class:`PromptIds`);
+- fetches the plan of step ``k + 1`` in a background thread while step ``k`` trains
+  (:meth:`RollplanScheduler.plan` / :meth:`prefetch`); a plan is per step on the service,
+  so every rank that asks for step ``k`` gets the same prompts;
+- sends reports from a background queue (:meth:`report`, :meth:`flush` at the end of
+  training); report ids are deterministic (``{reporter}-{step}-{chunk}``), so a resent
+  report is counted once;
+- never lets the service crash or stall training: after the client's retries, a plan
+  falls back to uniform sampling over the local dataset (seeded by run seed and step, so
+  all ranks agree) with a loud warning once per outage, and reports are spooled to a
+  local JSONL file and replayed, idempotently, as soon as the service answers again (or
+  at the next start).
+
+Nothing here imports torch or a trainer package; only the light client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollplan.client import Client, RollplanError, RollplanUnavailable
+
+__all__ = ["LocalPlan", "PromptIds", "RollplanScheduler", "default_spool_dir", "shared_scheduler"]
+
+logger = logging.getLogger("rollplan.plugins")
+
+
+def default_spool_dir() -> Path:
+    """``$ROLLPLAN_SPOOL_DIR``, else ``$XDG_CACHE_HOME/rollplan/spool`` (``~/.cache/rollplan/spool``)."""
+    if os.environ.get("ROLLPLAN_SPOOL_DIR"):
+        return Path(os.environ["ROLLPLAN_SPOOL_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "rollplan" / "spool"
+
+
+_SHARED: dict[str, RollplanScheduler] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_scheduler(run_id: str, make: Callable[[], RollplanScheduler] | None = None) -> RollplanScheduler | None:
+    """The process-wide scheduler of ``run_id``: made by ``make`` the first time (None
+    without ``make``). Lets two plugin parts of one trainer (verl's dataset and replay
+    buffer) share one client, queue and spool even when the trainer loads them from files."""
+    with _SHARED_LOCK:
+        if run_id not in _SHARED and make is not None:
+            _SHARED[run_id] = make()
+        return _SHARED.get(run_id)
+
+
+class PromptIds:
+    """Dataset index <-> prompt id. Ids must be unique strings of 1-200 characters."""
+
+    def __init__(self, ids: Iterable[Any]) -> None:
+        self.ids: list[str] = [str(i) for i in ids]
+        self._index: dict[str, int] = {}
+        for k, pid in enumerate(self.ids):
+            if not 1 <= len(pid) <= 200:
+                raise ValueError(f"prompt id at index {k} must have 1-200 characters: {pid!r}")
+            if pid in self._index:
+                raise ValueError(f"duplicate prompt id {pid!r} at indices {self._index[pid]} and {k}")
+            self._index[pid] = k
+
+    @classmethod
+    def from_range(cls, n: int, prefix: str = "") -> PromptIds:
+        """Ids ``f"{prefix}{i}"`` for a dataset without an id column."""
+        return cls(f"{prefix}{i}" for i in range(n))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, prompt_id: object) -> bool:
+        return prompt_id in self._index
+
+    def index(self, prompt_id: str) -> int:
+        return self._index[prompt_id]
+
+    def id(self, index: int) -> str:
+        return self.ids[index]
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """A plan in dataset terms: ``indices[i]`` gets ``rollouts[i]`` rollouts.
+
+    ``source`` is ``"service"`` or ``"uniform"`` (the local fallback; ``plan_id`` None).
+    """
+
+    step: int
+    indices: list[int]
+    prompt_ids: list[str]
+    rollouts: list[int]
+    plan_id: str | None
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of what the scheduler did (also logged; useful as trainer metrics)."""
+
+    service_plans: int = 0
+    fallback_plans: int = 0
+    outages: int = 0
+    reports_sent: int = 0
+    reports_spooled: int = 0
+    reports_replayed: int = 0
+    reports_dropped: int = 0
+    unknown_planned_prompts: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d.update(self.extra)
+        return d
+
+
+class RollplanScheduler:
+    """Holds a client, the run and the prompt-id mapping; plans ahead and reports behind.
+
+    Arguments:
+        run_id: the Rollplan run (one training job; the same id on resume).
+        prompt_ids: the local dataset's prompt ids in index order (or a :class:`PromptIds`).
+        url, api_key: the service (default ``$ROLLPLAN_URL`` / ``$ROLLPLAN_API_KEY``).
+        strategy, rollouts_per_prompt, min_rollouts, max_rollouts, reward_range, metadata:
+            the run's settings (``PUT /v1/runs``); a resumed trainer must pass the same.
+        prompts: optional dicts (``domain``, ``tags``, ``prior_pass_rate``, ``text``) per
+            index, sent with the ids.
+        upload: upsert the prompt ids on attach (set False on every rank but one when the
+            main process uploads; the adapters do that).
+        seed: seeds the uniform fallback (with the step), identical on every rank.
+        reporter: prefix of report ids, e.g. ``"rank0"`` or ``"trl"``; must differ
+            between processes that report different parts of one step.
+        spool_dir: where unsent reports wait (default :func:`default_spool_dir`).
+        max_retries, backoff, timeout: the client's retry policy while the service is up;
+            while it is down, one short attempt per call decides (no long stalls).
+        prefetch: fetch the next step's plan in the background.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        prompt_ids: Sequence[Any] | PromptIds,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+        strategy: str | Mapping[str, Any] = "default",
+        rollouts_per_prompt: int = 8,
+        min_rollouts: int | None = None,
+        max_rollouts: int | None = None,
+        reward_range: Sequence[float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        prompts: Sequence[Mapping[str, Any]] | None = None,
+        upload: bool = True,
+        seed: int = 0,
+        reporter: str = "rank0",
+        spool_dir: str | os.PathLike[str] | None = None,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        timeout: float = 10.0,
+        prefetch: bool = True,
+    ) -> None:
+        self.run_id = run_id
+        # An empty mapping makes a report-only scheduler (e.g. verl's replay buffer).
+        self.ids = prompt_ids if isinstance(prompt_ids, PromptIds) else PromptIds(prompt_ids)
+        self.run_settings: dict[str, Any] = {
+            "strategy": strategy,
+            "rollouts_per_prompt": rollouts_per_prompt,
+            "min_rollouts": min_rollouts,
+            "max_rollouts": max_rollouts,
+            "reward_range": reward_range,
+            "metadata": metadata,
+        }
+        self.rollouts_per_prompt = rollouts_per_prompt
+        self._prompts = prompts
+        self._upload = upload
+        self.seed = seed
+        self.reporter = reporter
+        self.stats = SchedulerStats()
+        self._client = client or Client(url, api_key, timeout=timeout, max_retries=max_retries, backoff=backoff)
+        self._owns_client = client is None
+        # One quick attempt, no retries: used while the service is known to be down.
+        self._probe = Client(self._client.base_url, api_key, timeout=min(timeout, 2.0), max_retries=0)
+        spool = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+        safe_run = "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id)
+        self.spool_path = spool / f"{safe_run}.{reporter}.jsonl"
+        self._lock = threading.RLock()
+        self._spool_lock = threading.Lock()
+        self._online = True
+        self._attached = False
+        self._plans: dict[int, Future[LocalPlan]] = {}
+        self._plan_args: dict[int, tuple[int, int | None]] = {}
+        self._prefetch = prefetch
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollplan-plan")
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="rollplan-report", daemon=True)
+        self._sender.start()
+        self._closed = False
+
+    # -- connection state -----------------------------------------------------------
+    @property
+    def online(self) -> bool:
+        """False while the service is believed unreachable (fallback plans, spooled reports)."""
+        return self._online
+
+    def _api(self) -> Client:
+        return self._client if self._online else self._probe
+
+    def _went_down(self, what: str, exc: Exception) -> None:
+        with self._lock:
+            if self._online:
+                self._online = False
+                self.stats.outages += 1
+                logger.warning(
+                    "ROLLPLAN SERVICE UNREACHABLE at %s (%s: %s). Training continues: plans fall back to "
+                    "UNIFORM sampling over the local dataset and reports are spooled to %s until it is back.",
+                    self._client.base_url, what, exc, self.spool_path,
+                )
+
+    def _came_back(self) -> None:
+        with self._lock:
+            was_down, self._online = not self._online, True
+        if was_down:
+            logger.warning("Rollplan service at %s is reachable again; replaying spooled reports.",
+                           self._client.base_url)
+        if was_down or not self._attached:
+            self._ensure_attached()
+        if self.spool_path.exists():
+            # Replay in the report thread: never on the caller's (training) thread.
+            self._queue.put({"__replay__": True})
+
+    def attach(self) -> bool:
+        """Create or attach to the run and upload the prompt ids; False while unreachable."""
+        return self._ensure_attached()
+
+    def _ensure_attached(self) -> bool:
+        if self._attached:
+            return True
+        try:
+            run = self._api().put_run(self.run_id, **self.run_settings)
+            if self._upload and len(self.ids):
+                items: list[Any]
+                if self._prompts is not None:
+                    items = [{**dict(p), "id": pid} for pid, p in zip(self.ids.ids, self._prompts, strict=True)]
+                else:
+                    items = self.ids.ids
+                self._api().upsert_prompts(self.run_id, items, progress=False)
+        except RollplanUnavailable as exc:
+            self._went_down("attach", exc)
+            return False
+        self._attached = True
+        logger.info("Rollplan run %r %s (%d prompts)", self.run_id,
+                    "created" if run.created else "attached", len(self.ids))
+        if not self._online:
+            self._came_back()
+        elif self.spool_path.exists():
+            self._queue.put({"__replay__": True})  # left over from an earlier process
+        return True
+
+    # -- plans ----------------------------------------------------------------------
+    def plan(self, step: int, batch_size: int, rollout_budget: int | None = None) -> LocalPlan:
+        """The plan of ``step`` (prefetched when possible); then prefetches ``step + 1``.
+
+        Never raises because of the service: falls back to a uniform plan.
+        """
+        fut = self._take(step, batch_size, rollout_budget)
+        plan = fut.result()
+        if self._prefetch:
+            self.prefetch(step + 1, batch_size, rollout_budget)
+        return plan
+
+    def prefetch(self, step: int, batch_size: int, rollout_budget: int | None = None) -> None:
+        """Start fetching the plan of ``step`` in the background."""
+        with self._lock:
+            if step not in self._plans and not self._closed:
+                self._plan_args[step] = (batch_size, rollout_budget)
+                self._plans[step] = self._pool.submit(self._fetch, step, batch_size, rollout_budget)
+
+    def _take(self, step: int, batch_size: int, rollout_budget: int | None) -> Future[LocalPlan]:
+        with self._lock:
+            fut = self._plans.pop(step, None)
+            args = self._plan_args.pop(step, None)
+            for old in [s for s in self._plans if s < step]:  # never consumed: drop
+                self._plans.pop(old)
+                self._plan_args.pop(old, None)
+        if fut is None or args != (batch_size, rollout_budget):
+            done: Future[LocalPlan] = Future()
+            done.set_result(self._fetch(step, batch_size, rollout_budget))
+            return done
+        return fut
+
+    def _fetch(self, step: int, batch_size: int, rollout_budget: int | None) -> LocalPlan:
+        if batch_size > len(self.ids):
+            raise ValueError(f"batch_size {batch_size} is larger than the dataset ({len(self.ids)} prompts)")
+        try:
+            if not self._ensure_attached():
+                return self._uniform(step, batch_size, rollout_budget)
+            plan = self._api().plan(self.run_id, batch_size, rollout_budget=rollout_budget, step=step)
+        except RollplanUnavailable as exc:
+            self._went_down(f"plan step {step}", exc)
+            return self._uniform(step, batch_size, rollout_budget)
+        except RollplanError as exc:
+            # A 4xx (e.g. 409: step already planned with another batch size) will not heal by
+            # retrying; keep training on the uniform plan and say so.
+            logger.warning("Rollplan refused the plan of step %d (%s); using a uniform plan for it.", step, exc)
+            return self._uniform(step, batch_size, rollout_budget)
+        except Exception as exc:  # noqa: BLE001 - the scheduler must not crash training
+            logger.warning("Rollplan plan of step %d failed unexpectedly (%r); using a uniform plan.", step, exc)
+            return self._uniform(step, batch_size, rollout_budget)
+        self._came_back()
+        return self._localise(step, plan, batch_size)
+
+    def _localise(self, step: int, plan: Any, batch_size: int) -> LocalPlan:
+        indices, pids, rollouts = [], [], []
+        for item in plan.items:
+            if item.prompt_id in self.ids:
+                indices.append(self.ids.index(item.prompt_id))
+                pids.append(item.prompt_id)
+                rollouts.append(item.rollouts)
+            else:
+                self.stats.unknown_planned_prompts += 1
+        missing = batch_size - len(indices)
+        if missing > 0:  # the run's pool holds prompts this dataset lacks: fill uniformly
+            logger.warning("plan of step %d names %d prompts not in the local dataset; filled uniformly",
+                           step, missing)
+            rng = random.Random(f"{self.seed}-{step}-fill")
+            taken = set(indices)
+            pool = [i for i in range(len(self.ids)) if i not in taken]
+            for i in rng.sample(pool, missing):
+                indices.append(i)
+                pids.append(self.ids.id(i))
+                rollouts.append(self.rollouts_per_prompt)
+        self.stats.service_plans += 1
+        return LocalPlan(step, indices, pids, rollouts, plan.plan_id, "service")
+
+    def _uniform(self, step: int, batch_size: int, rollout_budget: int | None) -> LocalPlan:
+        """Plain uniform sampling without replacement, identical on every rank for a step."""
+        rng = random.Random(f"{self.seed}-{step}")
+        indices = rng.sample(range(len(self.ids)), batch_size)
+        budget = rollout_budget if rollout_budget is not None else batch_size * self.rollouts_per_prompt
+        base, extra = divmod(budget, batch_size)
+        rollouts = [base + (1 if k < extra else 0) for k in range(batch_size)]
+        self.stats.fallback_plans += 1
+        return LocalPlan(step, indices, [self.ids.id(i) for i in indices], rollouts, None, "uniform")
+
+    # -- reports --------------------------------------------------------------------
+    def report(
+        self,
+        step: int,
+        results: Iterable[tuple[str, Sequence[float | None]]] | Mapping[str, Sequence[float | None]],
+        *,
+        plan_id: str | None = None,
+        chunk: int | str = 0,
+    ) -> str | None:
+        """Queue the rewards of ``step`` (``(prompt_id, rewards)`` pairs) for sending.
+
+        Returns the report id (``{reporter}-{step}-{chunk}``), or None when nothing was
+        left to send. ``None`` and NaN rewards (masked rollouts) are left out; a group with
+        no reward left is dropped. Does not block on the network.
+        """
+        pairs = results.items() if isinstance(results, Mapping) else results
+        body = []
+        for pid, rewards in pairs:
+            kept = [float(r) for r in rewards if r is not None and r == r]
+            if kept:
+                body.append({"prompt_id": str(pid), "rewards": kept})
+        if not body:
+            return None
+        report_id = f"{self.reporter}-{step}-{chunk}"
+        self._queue.put({"report_id": report_id, "step": int(step), "plan_id": plan_id, "results": body})
+        return report_id
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if item.get("__replay__"):
+                    self._replay()
+                else:
+                    self._send(item, from_spool=False)
+            except Exception:  # noqa: BLE001 - keep the thread alive whatever happens
+                logger.exception("Rollplan report thread error")
+            finally:
+                self._queue.task_done()
+
+    def _send(self, rep: dict[str, Any], *, from_spool: bool) -> bool:
+        """Send one report. True when it is done with (stored, or refused for good)."""
+        if not self._online and not from_spool:
+            # Known outage: keep the order (spool behind older reports), probe once.
+            self._spool(rep)
+            try:
+                self._probe.health()
+            except RollplanError:
+                return True
+            self._came_back()
+            return True
+        try:
+            self._api().report(self.run_id, rep["report_id"], rep["step"], rep["results"], plan_id=rep.get("plan_id"))
+        except RollplanUnavailable as exc:
+            self._went_down(f"report {rep['report_id']}", exc)
+            if not from_spool:
+                self._spool(rep)
+            return False
+        except RollplanError as exc:
+            # 409: that report id already holds another body (e.g. a step regenerated after a
+            # resume); 422: invalid. Neither heals by resending.
+            self.stats.reports_dropped += 1
+            logger.warning("Rollplan refused report %s (%s); dropped.", rep["report_id"], exc)
+            return True
+        if from_spool:
+            self.stats.reports_replayed += 1
+        else:
+            self.stats.reports_sent += 1
+        if not self._online:
+            self._came_back()
+        return True
+
+    def _spool(self, rep: dict[str, Any]) -> None:
+        with self._spool_lock:
+            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.spool_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(rep) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        self.stats.reports_spooled += 1
+
+    def _replay(self) -> None:
+        """Resend the spooled reports in order; keep those that still cannot be sent."""
+        with self._spool_lock:
+            if not self.spool_path.exists():
+                return
+            lines = [ln for ln in self.spool_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        left: list[str] = []
+        for k, line in enumerate(lines):
+            try:
+                rep = json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("skipping a corrupt line in %s", self.spool_path)
+                continue
+            if not self._send(rep, from_spool=True):
+                left = lines[k:]
+                break
+        with self._spool_lock:
+            # Reports spooled while we replayed were appended after the lines we read.
+            now = [ln for ln in self.spool_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            remaining = left + now[len(lines):]
+            if remaining:
+                tmp = self.spool_path.with_suffix(".tmp")
+                tmp.write_text("\n".join(remaining) + "\n", encoding="utf-8")
+                os.replace(tmp, self.spool_path)
+            else:
+                self.spool_path.unlink()
+        if left:
+            logger.warning("%d Rollplan reports still spooled in %s", len(remaining), self.spool_path)
+
+    def spooled(self) -> int:
+        """Reports waiting in the spool file."""
+        with self._spool_lock:
+            if not self.spool_path.exists():
+                return 0
+            return sum(1 for ln in self.spool_path.read_text(encoding="utf-8").splitlines() if ln.strip())
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every queued report is sent or spooled, then try once more to replay
+        the spool. Returns the number of reports still spooled (0: all stored).
+
+        ``timeout`` bounds the wait for the queue (None: wait)."""
+        if self._closed:
+            return self.spooled()
+        self._wait_queue(timeout)
+        if self.spool_path.exists():
+            try:
+                self._probe.health()
+                self._came_back()
+            except RollplanError:
+                pass
+            self._queue.put({"__replay__": True})
+            self._wait_queue(timeout)
+        left = self.spooled()
+        if left:
+            logger.warning("Rollplan: %d reports could not be sent; they stay in %s and are replayed "
+                           "at the next start of run %r.", left, self.spool_path, self.run_id)
+        return left
+
+    def _wait_queue(self, timeout: float | None) -> None:
+        if timeout is None:
+            self._queue.join()
+            return
+        done = threading.Event()
+        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+        done.wait(timeout)
+
+    def close(self, timeout: float | None = 60.0) -> int:
+        """:meth:`flush`, then stop the threads and close the clients."""
+        left = self.flush(timeout)
+        self._closed = True
+        with _SHARED_LOCK:
+            if _SHARED.get(self.run_id) is self:
+                del _SHARED[self.run_id]
+        self._queue.put(None)
+        self._sender.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_client:
+            self._client.close()
+        self._probe.close()
+        return left
+
+    def __enter__(self) -> RollplanScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
