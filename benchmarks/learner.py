@@ -451,7 +451,7 @@ def _warmup_job(args: tuple) -> dict:
     cfg_d, seed, device, cache, threads = args
     torch.set_num_threads(threads)
     cfg = LearnerConfig(**cfg_d)
-    state = warmup(cfg, seed, device, Path(cache))
+    state = warmup(cfg, seed, device, Path(cache), log=lambda *_: None)
     return {"seed": seed, "path": str(Path(cache) / f"warmup-seed{seed}-{cfg.warmup_key(seed)}.pt"),
             "steps": state["steps"], "gate_rate": state["gate_rate"], "seconds": state["seconds"]}
 

@@ -64,7 +64,8 @@ def _app():
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def bench(
         ctx: typer.Context,
-        which: str = typer.Argument(..., help="Which benchmark: speed."),
+        which: str = typer.Argument(..., help="Which benchmark: learner (a real GRPO learner; needs torch), "
+                                    "sim (a simulated learner at scale) or speed (plan latency, ingestion)."),
     ) -> None:
         """Run a benchmark; the remaining options go to it (e.g. --smoke, --out DIR)."""
         import importlib
@@ -76,7 +77,12 @@ def _app():
     return app
 
 
-BENCHMARKS = {"speed": "rollplan.benchmarks.speed"}
+# `rollplan bench NAME [options]` runs the module's main(argv); `--help` after NAME lists its options.
+BENCHMARKS = {
+    "learner": "rollplan.benchmarks.learner",
+    "sim": "rollplan.benchmarks.sim",
+    "speed": "rollplan.benchmarks.speed",
+}
 
 
 if __name__ == "__main__":
