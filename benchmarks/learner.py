@@ -77,7 +77,7 @@ class LearnerConfig:
     heads: int = 4
     batch: int = 32  # prompts per step
     rollouts: int = 8  # rollouts per prompt on average (budget = batch × rollouts)
-    steps: int = 400
+    steps: int = 500
     lr: float = 5e-4
     lr_warmup: int = 20  # steps of linear learning-rate warm-up (Adam's first steps are full-size otherwise)
     eval_every: int = 5
@@ -323,8 +323,7 @@ def run_arm(job: dict) -> dict:
     world = World(cfg, seed, device)
     gen = torch.Generator(device=device)
     gen.manual_seed(7_919 * seed + 1)
-    B, n0 = cfg.batch, cfg.rollouts
-    budget = B * n0
+    n0 = cfg.rollouts
     if arm == "oracle":
         return _loop(cfg, arm, seed, model, opt, world, gen, device, None, None)
     from rollplan.client import Client
@@ -338,7 +337,6 @@ def run_arm(job: dict) -> dict:
                    min_rollouts=1, max_rollouts=max(64, n0))
         rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}"} for pid, lv in zip(world.ids, world.pool.level)],
                           progress=False)
-        assert budget == B * n0
         return _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id)
 
 
@@ -351,6 +349,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
     t0 = time.perf_counter()
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
+    picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
     for step in range(cfg.steps):
         if step % cfg.eval_every == 0:
             model.eval()
@@ -402,6 +401,8 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
             step_used, step_inf = int(counts.sum()), int(counts[inf].sum())
         used += step_used
         informative += step_inf
+        if idx.size:
+            np.add.at(picks, idx, 1)
         eff_per_step.append(step_inf / max(step_used, 1))
         model.train()
         for g in opt.param_groups:
@@ -416,6 +417,11 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
         "arm": arm, "seed": seed, "rollouts": used, "effective_ratio": informative / max(used, 1),
         "initial_accuracy": curve[0][2], "final_accuracy": curve[-1][2], "final_accuracy_by_level": by_level,
         "wall_s": time.perf_counter() - t0, "service_s": service_s, "curve": curve,
+        # Where the arm spent its batches (DAPO: the kept groups): share per level, on wrong labels, distinct prompts.
+        "batch_share_by_level": {int(lv): float(picks[world.pool.level == lv].sum() / max(picks.sum(), 1))
+                                   for lv in np.unique(world.pool.level)},
+        "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
+        "distinct_prompts_trained": int((picks > 0).sum()),
         "effective_per_step": eff_per_step,
     }
 
@@ -560,7 +566,7 @@ def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:
         w = max(1, e.size // 40)
         ax.plot(np.convolve(e, np.ones(w) / w, mode="valid"), label=arm)
     ax.set_xlabel("step")
-    ax.set_ylabel(f"effective ratio (moving mean)")
+    ax.set_ylabel("effective ratio (moving mean)")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)

@@ -256,9 +256,9 @@ def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms:
-        rs = [r for r in rows if r["arm"] == arm]
-        c = np.array(rs[0]["curve"])
-        ax.plot(c[:, 1], np.mean([np.array(r["curve"])[:, 2] for r in rs], axis=0), label=arm)
+        curves = [np.array(r["curve"], dtype=float) for r in rows if r["arm"] == arm]
+        # Mean over seeds at each evaluation; an arm's rollouts per step can vary by seed (DAPO), so x is averaged too.
+        ax.plot(np.mean([c[:, 1] for c in curves], axis=0), np.mean([c[:, 2] for c in curves], axis=0), label=arm)
     ax.set_xlabel("cumulative rollouts")
     ax.set_ylabel("held-out accuracy (exact)")
     ax.legend(fontsize=7)
