@@ -341,6 +341,8 @@ def run_arm(job: dict) -> dict:
 
 
 def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
+    """The training loop of one arm; ``rp``/``run_id`` the service (None for the oracle).
+    ``wall_s`` counts this loop (not the server's start); ``service_s`` its plan and report calls."""
     B, n0 = cfg.batch, cfg.rollouts
     budget = B * n0
     used = informative = 0
