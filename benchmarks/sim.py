@@ -222,23 +222,28 @@ def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
             "rollouts_to_target_mean": float(np.mean(ok)) if ok else None,
             "rollouts_to_target_std": float(np.std(ok)) if len(ok) > 1 else 0.0,
             "speedup_vs_uniform": ratio("uniform"), "speedup_vs_dapo": ratio("dapo"),
+            "speedup_vs_oracle": ratio("oracle"),
             "effective_ratio": float(np.mean([by[(arm, s)]["effective_ratio"] for s in seeds])),
             "final_accuracy": float(np.mean([by[(arm, s)]["final_accuracy"] for s in seeds])),
+            "wall_s": float(np.mean([by[(arm, s)]["wall_s"] for s in seeds])),
         })
     return out
 
 
-def print_table(summary: list[dict], args) -> None:
-    print(f"\nsimulator: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, {args.seeds} seeds, "
+def print_table(summary: list[dict], args, title: str = "simulator") -> None:
+    """The markdown table of ``summarise``; × columns are paired per seed (base ÷ arm, > 1 = fewer rollouts)."""
+    print(f"\n{title}: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, {args.seeds} seeds, "
           f"target held-out accuracy {args.target}")
-    print("| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | effective ratio | final acc |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | × vs oracle | effective ratio "
+          "| final acc | wall s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     f = lambda x: "—" if x is None else f"{x:.2f}"  # noqa: E731
     for s in summary:
         m = s["rollouts_to_target_mean"]
         mt = "—" if m is None else f"{m:,.0f} ± {s['rollouts_to_target_std']:,.0f}"
         print(f"| {s['arm']} | {s['reached']} | {mt} | {f(s['speedup_vs_uniform'])} | {f(s['speedup_vs_dapo'])} | "
-              f"{s['effective_ratio']:.3f} | {s['final_accuracy']:.3f} |")
+              f"{f(s['speedup_vs_oracle'])} | {s['effective_ratio']:.3f} | {s['final_accuracy']:.3f} | "
+              f"{s['wall_s']:.1f} |")
 
 
 def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
@@ -251,9 +256,9 @@ def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms:
-        rs = [r for r in rows if r["arm"] == arm]
-        c = np.array(rs[0]["curve"])
-        ax.plot(c[:, 1], np.mean([np.array(r["curve"])[:, 2] for r in rs], axis=0), label=arm)
+        curves = [np.array(r["curve"], dtype=float) for r in rows if r["arm"] == arm]
+        # Mean over seeds at each evaluation; an arm's rollouts per step can vary by seed (DAPO), so x is averaged too.
+        ax.plot(np.mean([c[:, 1] for c in curves], axis=0), np.mean([c[:, 2] for c in curves], axis=0), label=arm)
     ax.set_xlabel("cumulative rollouts")
     ax.set_ylabel("held-out accuracy (exact)")
     ax.legend(fontsize=7)

@@ -53,6 +53,23 @@ def pg_database():
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+class ServerURL(str):
+    """The base URL of a server started by :func:`server`; ``pid`` is its process."""
+
+    pid: int
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MiB (Linux ``/proc``; None elsewhere)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 @contextmanager
 def server(database_url: str, workdir: Path):
     port = _free_port()
@@ -62,7 +79,8 @@ def server(database_url: str, workdir: Path):
         [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(port), "--log-level", "warning"],
         env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = ServerURL(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         for _ in range(600):
             try:
@@ -99,7 +117,9 @@ def register(c: httpx.Client, run: str, pool: int, strategy: str = "default") ->
 
 def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, strategy: str) -> dict:
     run = f"plan-{strategy}-{pool}"
-    with httpx.Client(base_url=url, timeout=300) as c:
+    pid = getattr(url, "pid", None)
+    rss_before = rss_mb(pid) if pid else None
+    with httpx.Client(base_url=url, timeout=600) as c:
         register(c, run, pool, strategy)
         # Some history so the estimator is not all-prior: one report of 512 groups.
         rng = np.random.default_rng(1)
@@ -107,6 +127,7 @@ def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, stra
                   for i in rng.choice(pool, min(pool, 512), replace=False)]
         c.post(f"/v1/runs/{run}/results", json={"report_id": "warm", "step": 0, "results": groups}).raise_for_status()
         c.post(f"/v1/runs/{run}/plans", json={"batch_size": batch, "rollout_budget": budget, "step": 1}).raise_for_status()
+        rss_after = rss_mb(pid) if pid else None  # the run's state is loaded and planned once
         new, again = [], []
         for step in range(2, 2 + repeats):
             t = time.perf_counter()
@@ -117,8 +138,11 @@ def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, stra
             r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": batch, "rollout_budget": budget, "step": step})
             again.append(time.perf_counter() - t)
             assert r.status_code == 200, r.text
+    grown = None if rss_before is None or rss_after is None else rss_after - rss_before
     return {"new_plan_p50_s": statistics.median(new), "new_plan_p90_s": float(np.quantile(new, 0.9)),
-            "stored_plan_p50_s": statistics.median(again)}
+            "stored_plan_p50_s": statistics.median(again), "server_rss_before_mb": rss_before,
+            "server_rss_after_mb": rss_after,
+            "mb_per_million_prompts": None if grown is None else grown * 1e6 / pool}
 
 
 def _report_body(k: int, i: int, groups: int, rewards: int, pool: int) -> dict:
@@ -190,11 +214,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     ap.add_argument("--out", default="benchmarks/out/speed")
-    ap.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000)")
+    ap.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000,1000000)")
     ap.add_argument("--databases", default="sqlite,postgres")
     args = ap.parse_args(argv)
 
-    pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000])
+    pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000, 1_000_000])
     repeats = 3 if args.smoke else 15
     batch, budget = (64, 512) if args.smoke else (1024, 8192)
     groups, rewards = 512, 16
@@ -253,6 +277,15 @@ def _print_tables(res: dict) -> None:
     for r in res["ingest"]:
         print(f"| {r['db']} | {r['clients']} | {r['rewards_per_s']:,.0f} | {r['report_p50_s']*1e3:.1f} | "
               f"{r['report_p99_s']*1e3:.1f} |")
+    if any(r.get("mb_per_million_prompts") is not None for r in res["plans"]):
+        print("\nserver memory (RSS of the `rollplan serve` process around registering the run's pool, one report "
+              "and one plan; runs accumulate in the process)")
+        print("| db | pool | strategy | RSS before (MiB) | RSS after (MiB) | MiB per million prompts |")
+        print("|---|---:|---|---:|---:|---:|")
+        for r in res["plans"]:
+            if r.get("mb_per_million_prompts") is not None:
+                print(f"| {r['db']} | {r['pool']:,} | {r['strategy']} | {r['server_rss_before_mb']:.0f} | "
+                      f"{r['server_rss_after_mb']:.0f} | {r['mb_per_million_prompts']:,.0f} |")
     if res["copy_floor"]:
         print(f"\nraw psycopg COPY into PostgreSQL, same rows: {res['copy_floor']['postgres_rewards_per_s']:,.0f} rewards/s")
 

@@ -77,11 +77,6 @@ def _app():
     return app
 
 
-BENCHMARKS = {
-    "speed": "rollplan.benchmarks.speed",
-    "core": "rollplan.benchmarks.core",
-    "sim": "rollplan.benchmarks.sim",
-}
 def _keys_app():
     keys = typer.Typer(help="Manage API keys (stored hashed in the database).", no_args_is_help=True)
 
@@ -165,7 +160,14 @@ def _keys_app():
     return keys
 
 
-BENCHMARKS = {"speed": "rollplan.benchmarks.speed", "load": "rollplan.benchmarks.load"}
+# `rollplan bench NAME [options]` runs the module's main(argv); `--help` after NAME lists its options.
+BENCHMARKS = {
+    "learner": "rollplan.benchmarks.learner",
+    "sim": "rollplan.benchmarks.sim",
+    "speed": "rollplan.benchmarks.speed",
+    "core": "rollplan.benchmarks.core",
+    "load": "rollplan.benchmarks.load",
+}
 
 
 if __name__ == "__main__":

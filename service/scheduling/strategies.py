@@ -207,9 +207,14 @@ class FrontierParams(StrategyParams):
     difficulty_drift: float = Field(
         0.002, ge=0.0, le=10.0, description="Variance added to a prompt's difficulty per step unseen."
     )
-    candidate_multiplier: float = Field(64.0, ge=1.0, le=1e6, description="Candidate pool as a multiple of the batch.")
-    thompson: bool = Field(
-        False, description="Score a Thompson draw, or (default, better on the benchmark) the predictive mean."
+    candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6, description="Candidate pool as a multiple of the batch.")
+    thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
+    cooldown: int = Field(
+        4,
+        ge=0,
+        le=1_000_000,
+        description="Prompts rolled out in the last `cooldown` steps go last: training on the same few prompts "
+        "step after step memorises them instead of teaching the skill.",
     )
     allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
 
@@ -253,7 +258,11 @@ class Frontier(Strategy):
             theta = tracker.model.sample(cand, pool.domain[cand], prior_logit(pool.prior_pass_rate[cand]), step, rng)
         else:
             theta = tracker.predict(pool, cand, step)
-        top = selection.top_k(selection.informative_prob(theta, req.rollout_budget / B), B)
+        score = selection.informative_prob(theta, req.rollout_budget / B)
+        if p.cooldown:
+            last = pool.last_step[cand]
+            score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one
+        top = selection.top_k(score, B)
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
         return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)

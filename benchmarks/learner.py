@@ -1,0 +1,596 @@
+"""A real GRPO learner on a small transformer, scheduled by a live Rollplan service.
+
+    python -m rollplan.benchmarks.learner [--smoke] [--seeds 5] [--workers N] [--device cpu|cuda]
+    rollplan bench learner [--smoke] ...
+
+The task is multi-digit addition with a verifiable binary reward (the sampled
+answer equals the label exactly). Numbers are written least significant digit
+first, zero-padded to a fixed width W, one token per digit *pair* (a_i, b_i);
+the answer is W + 1 digits, least significant first. With rotary position
+encodings the digit i of the answer sits at a constant distance from the pair
+it depends on (W + 1 tokens back) and from the carry it needs (the previous
+pair and the previous answer digit), so a skill learned on short numbers can
+transfer to longer ones — partly: the levels (number of digits, 1…W) form a
+graded family, and the number of carries varies the difficulty within a level.
+About 5% of the pool have wrong labels (unsolvable, as in real data sets).
+
+Every seed starts from a supervised warm-up on levels 1–2 that stops when the
+exact pass rate one level up (level 3) reaches a gate, not after a step count:
+partial competence, as in LLM post-training. The warm-up checkpoint is cached
+per seed under ``--out`` and shared by every arm (paired seeds).
+
+The exact pass rate of a prompt — the probability that a temperature-1 sample
+is exactly the label, the product over answer tokens of p(label token | label
+prefix) — is computed by teacher forcing in one forward pass. It drives the
+oracle arm and the held-out evaluation and is never counted as rollouts.
+
+Arms, all under the same rollout budget per step (B prompts × n rollouts):
+every registered strategy (``uniform`` among them), each talking to its own
+``rollplan serve`` through :class:`rollplan.client.Client` exactly as a trainer
+plugin would (put_run → upsert_prompts with domain = level → per step plan →
+rollouts at the planned counts → report); ``dapo`` (DAPO dynamic sampling over
+the service's uniform plans: keep informative groups, plan again until the
+batch is full, every generated rollout counted and reported); ``oracle`` (the
+B prompts of highest 1 − pⁿ − (1−p)ⁿ under the true current pass rates).
+Each step is one GRPO policy-gradient update (group-normalised advantages,
+Adam) on the batch's groups.
+
+Writes ``learner.json`` (summary + every run's curves), ``learner_accuracy.png``
+(held-out exact accuracy against cumulative rollouts), ``learner_effective.png``
+(share of rollouts in informative groups per step) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..service.scheduling import strategies as strat
+from . import sim
+
+PAIR0, DIGIT0, EQ = 0, 100, 110  # token ids: 100 digit pairs, 10 answer digits, '='
+VOCAB = 111
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    width: int = 8  # W: digits per operand (levels 1…W)
+    min_level: int = 1
+    prompts: int = 2_000
+    broken: float = 0.05  # share of wrong labels
+    heldout: int = 512
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    batch: int = 32  # prompts per step
+    rollouts: int = 8  # rollouts per prompt on average (budget = batch × rollouts)
+    steps: int = 500
+    lr: float = 5e-4
+    lr_warmup: int = 20  # steps of linear learning-rate warm-up (Adam's first steps are full-size otherwise)
+    eval_every: int = 5
+    warmup_levels: tuple[int, ...] = (1, 2)
+    gate_level: int = 3
+    gate: float = 0.15  # warm-up ends when the exact pass rate at gate_level reaches this
+    warmup_lr: float = 1e-3
+    warmup_batch: int = 64
+    warmup_max_steps: int = 4_000
+    dapo_max_draws: int = 16  # refills per step before DAPO gives up on filling its batch
+
+    def warmup_key(self, seed: int) -> str:
+        keys = ("width", "d_model", "layers", "heads", "warmup_levels", "gate_level", "gate", "warmup_lr",
+                "warmup_batch", "warmup_max_steps")
+        blob = json.dumps([seed] + [getattr(self, k) for k in keys])
+        return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
+
+
+# -- the task -------------------------------------------------------------------------
+def make_problems(rng: np.random.Generator, levels: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Operands with exactly ``level`` digits (the first has a non-zero leading digit):
+    digit arrays (N, W) for a and b, least significant first."""
+    n = levels.size
+    a = rng.integers(0, 10, (n, width))
+    b = rng.integers(0, 10, (n, width))
+    pos = np.arange(width)[None, :]
+    a[pos >= levels[:, None]] = 0
+    b[pos >= levels[:, None]] = 0
+    lead = levels - 1
+    a[np.arange(n), lead] = rng.integers(1, 10, n)
+    return a, b
+
+
+def add_digits(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The W + 1 answer digits (least significant first) and the number of carries."""
+    n, w = a.shape
+    out = np.zeros((n, w + 1), np.int64)
+    carry = np.zeros(n, np.int64)
+    carries = np.zeros(n, np.int64)
+    for i in range(w):
+        s = a[:, i] + b[:, i] + carry
+        out[:, i] = s % 10
+        carry = s // 10
+        carries += carry
+    out[:, w] = carry
+    return out, carries
+
+
+def prompt_tokens(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.concatenate([PAIR0 + 10 * a + b, np.full((a.shape[0], 1), EQ)], axis=1)
+
+
+@dataclass
+class Problems:
+    prompt: torch.Tensor  # (N, W + 1) token ids
+    label: torch.Tensor  # (N, W + 1) answer digits 0–9
+    level: np.ndarray
+    carries: np.ndarray
+    broken: np.ndarray
+
+
+def build_problems(rng, levels, width, broken_share, device) -> Problems:
+    a, b = make_problems(rng, levels, width)
+    label, carries = add_digits(a, b)
+    broken = rng.random(levels.size) < broken_share
+    # A wrong label: one digit of the true sum changed (the answer key is wrong, the prompt is fine).
+    where = rng.integers(0, levels + 1)
+    label[broken, where[broken]] = (label[broken, where[broken]] + rng.integers(1, 10, broken.sum())) % 10
+    return Problems(torch.as_tensor(prompt_tokens(a, b), device=device), torch.as_tensor(label, device=device),
+                    levels, carries, broken)
+
+
+# -- the policy -----------------------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        """``cache``: None (whole sequence, causal), or [k, v] of the earlier positions
+        (None at first), extended in place; with a cache, x holds one new position."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if cache is not None and cache[0] is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        if cache is not None:
+            cache[0], cache[1] = k, v
+        causal = cache is None or T > 1
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
+        return x + self.mlp(self.ln2(x))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Policy(nn.Module):
+    """A causal transformer with rotary positions; its head scores the 10 answer digits."""
+
+    def __init__(self, cfg: LearnerConfig) -> None:
+        super().__init__()
+        d, h = cfg.d_model, cfg.heads
+        self.emb = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(Block(d, h) for _ in range(cfg.layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 10)
+        hd = d // h
+        inv = 1.0 / (100.0 ** (torch.arange(0, hd, 2).float() / hd))
+        ang = torch.arange(4 * cfg.width + 8).float()[:, None] * inv[None, :]
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, caches: list | None = None, start: int = 0) -> torch.Tensor:
+        T = tokens.shape[1]
+        x = self.emb(tokens)
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cos, sin, None if caches is None else caches[i])
+        return self.head(self.ln(x))
+
+    def answer_logprobs(self, prompt: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+        """(N, W + 1) log p(answer digit | prompt, answer prefix), by teacher forcing."""
+        seq = torch.cat([prompt, DIGIT0 + answer[:, :-1]], dim=1)
+        logits = self(seq)[:, prompt.shape[1] - 1:]
+        return torch.log_softmax(logits.float(), -1).gather(-1, answer[:, :, None]).squeeze(-1)
+
+    @torch.no_grad()
+    def pass_rate(self, prompt: torch.Tensor, label: torch.Tensor, chunk: int = 4096) -> np.ndarray:
+        """Exact probability that a temperature-1 sample equals the label."""
+        out = [self.answer_logprobs(prompt[i:i + chunk], label[i:i + chunk]).sum(-1).exp()
+               for i in range(0, prompt.shape[0], chunk)]
+        return torch.cat(out).double().cpu().numpy()
+
+    @torch.no_grad()
+    def sample(self, prompt: torch.Tensor, group: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Temperature-1 answers (N, W + 1), one token at a time with a key/value cache;
+        row j answers ``prompt[group[j]]`` (each distinct prompt is encoded once)."""
+        caches = [[None, None] for _ in self.blocks]
+        logits = self(prompt, caches)[:, -1][group]
+        for c in caches:
+            c[0], c[1] = c[0][group], c[1][group]
+        pos, digits = prompt.shape[1], []
+        for j in range(prompt.shape[1]):  # W + 1 answer digits
+            d = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
+            digits.append(d)
+            if j < prompt.shape[1] - 1:
+                logits = self(DIGIT0 + d, caches, pos)[:, -1]
+                pos += 1
+        return torch.cat(digits, dim=1)
+
+
+# -- warm-up (cached per seed, shared by every arm) -------------------------------------
+def warmup(cfg: LearnerConfig, seed: int, device: str, cache_dir: Path, log=print) -> dict:
+    path = cache_dir / f"warmup-seed{seed}-{cfg.warmup_key(seed)}.pt"
+    if path.exists():
+        return torch.load(path, map_location="cpu")
+    torch.manual_seed(10_000 + seed)
+    rng = np.random.default_rng(10_000 + seed)
+    model = Policy(cfg).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.warmup_lr)
+    gate_set = build_problems(rng, np.full(512, cfg.gate_level), cfg.width, 0.0, device)
+    levels = np.array(cfg.warmup_levels)
+    t0, gate_rate, step = time.perf_counter(), 0.0, 0
+    for step in range(1, cfg.warmup_max_steps + 1):
+        p = build_problems(rng, rng.choice(levels, cfg.warmup_batch), cfg.width, 0.0, device)
+        loss = -model.answer_logprobs(p.prompt, p.label).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 25 == 0:
+            gate_rate = float(model.pass_rate(gate_set.prompt, gate_set.label).mean())
+            if gate_rate >= cfg.gate:
+                break
+    state = {"model": {k: v.cpu() for k, v in model.state_dict().items()}, "steps": step, "gate_rate": gate_rate,
+             "seconds": time.perf_counter() - t0}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    log(f"warm-up seed {seed}: {step} supervised steps, level-{cfg.gate_level} pass rate {gate_rate:.3f} "
+        f"({state['seconds']:.0f} s) -> {path}")
+    return state
+
+
+# -- one arm ---------------------------------------------------------------------------
+class World:
+    """The seed's pool and held-out set (identical for every arm)."""
+
+    def __init__(self, cfg: LearnerConfig, seed: int, device: str) -> None:
+        rng = np.random.default_rng(seed)
+        levels = np.arange(cfg.min_level, cfg.width + 1)
+        self.pool = build_problems(rng, rng.choice(levels, cfg.prompts), cfg.width, cfg.broken, device)
+        self.heldout = build_problems(rng, rng.choice(levels, cfg.heldout), cfg.width, 0.0, device)
+        self.ids = [f"L{lv}/{i}" for i, lv in enumerate(self.pool.level)]
+        self.index = {pid: i for i, pid in enumerate(self.ids)}
+
+
+def grpo_update(model: Policy, opt, world: World, idx: np.ndarray, answers: torch.Tensor,
+                rewards: torch.Tensor, group: torch.Tensor, n_groups: int) -> None:
+    """One policy-gradient step: advantages normalised within each prompt's group."""
+    ones = torch.ones_like(rewards)
+    cnt = torch.zeros(n_groups, device=rewards.device).index_add_(0, group, ones)
+    mean = torch.zeros(n_groups, device=rewards.device).index_add_(0, group, rewards) / cnt
+    var = torch.zeros(n_groups, device=rewards.device).index_add_(0, group, (rewards - mean[group]) ** 2) / cnt
+    adv = (rewards - mean[group]) / (var.sqrt()[group] + 1e-6)
+    live = adv != 0  # zero-advantage rollouts add nothing to the gradient: skip their forward pass
+    if not bool(live.any()):
+        return
+    pidx = torch.as_tensor(idx, device=answers.device)[group[live]]
+    logp = model.answer_logprobs(world.pool.prompt[pidx], answers[live]).sum(-1)
+    loss = -(adv[live] * logp).sum() / rewards.numel()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
+    """Sample ``counts[j]`` answers for prompt ``idx[j]``: answers, rewards, group of each."""
+    group = torch.as_tensor(np.repeat(np.arange(idx.size), counts), device=device)
+    pidx = torch.as_tensor(idx, device=device)[group]
+    answers = model.sample(world.pool.prompt[torch.as_tensor(idx, device=device)], group, gen)
+    rewards = (answers == world.pool.label[pidx]).all(-1).float()
+    return answers, rewards, group
+
+
+def arm_strategy(arm: str) -> dict:
+    """An arm is a strategy name, optionally with parameters: ``frontier+thompson=true,cooldown=0``."""
+    name, _, variant = arm.partition("+")
+    params = {}
+    for kv in filter(None, variant.split(",")):
+        k, _, v = kv.partition("=")
+        try:
+            params[k] = json.loads(v)
+        except ValueError:
+            params[k] = v
+    return {"name": name, "params": params}
+
+
+def run_arm(job: dict) -> dict:
+    """One (arm, seed): a fresh copy of the seed's warm-up checkpoint, trained by GRPO
+    on the prompts the arm picks, through its own ``rollplan serve``."""
+    cfg: LearnerConfig = LearnerConfig(**job["cfg"])
+    arm, seed, device = job["arm"], job["seed"], job["device"]
+    torch.set_num_threads(job["threads"])
+    state = torch.load(job["warmup_path"], map_location="cpu")
+    torch.manual_seed(seed)
+    model = Policy(cfg).to(device)
+    model.load_state_dict(state["model"])
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    world = World(cfg, seed, device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(7_919 * seed + 1)
+    n0 = cfg.rollouts
+    if arm == "oracle":
+        return _loop(cfg, arm, seed, model, opt, world, gen, device, None, None)
+    from rollplan.client import Client
+
+    from .speed import server
+
+    with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url, \
+            Client(url, timeout=120) as rp:
+        run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
+        rp.put_run(run_id, strategy={"name": "uniform"} if arm == "dapo" else arm_strategy(arm), rollouts_per_prompt=n0,
+                   min_rollouts=1, max_rollouts=max(64, n0))
+        rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}"} for pid, lv in zip(world.ids, world.pool.level)],
+                          progress=False)
+        return _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id)
+
+
+def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
+    """The training loop of one arm; ``rp``/``run_id`` the service (None for the oracle).
+    ``wall_s`` counts this loop (not the server's start); ``service_s`` its plan and report calls."""
+    B, n0 = cfg.batch, cfg.rollouts
+    budget = B * n0
+    used = informative = 0
+    plan_step = 0
+    curve, eff_per_step = [], []
+    t0 = time.perf_counter()
+    service_s = 0.0
+    oracle_rng = np.random.default_rng(seed + 77)
+    picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
+    for step in range(cfg.steps):
+        if step % cfg.eval_every == 0:
+            model.eval()
+            curve.append((step, used, float(model.pass_rate(world.heldout.prompt, world.heldout.label).mean())))
+        step_used = step_inf = 0
+        if arm == "oracle":
+            # Like the strategies, a random candidate pool of 16× the batch; true pass rates on it.
+            cand = np.sort(oracle_rng.choice(cfg.prompts, min(cfg.prompts, 16 * B), replace=False))
+            p = model.pass_rate(world.pool.prompt[torch.as_tensor(cand, device=device)],
+                                world.pool.label[torch.as_tensor(cand, device=device)])
+            score = 1 - p**n0 - (1 - p) ** n0
+            idx = cand[np.argsort(-score, kind="stable")[:B]]
+            answers, rewards, group = rollout(model, world, idx, np.full(B, n0), gen, device)
+            counts = np.full(B, n0)
+        else:
+            parts = []
+            got = 0
+            for _draw in range(cfg.dapo_max_draws if arm == "dapo" else 1):
+                ts = time.perf_counter()
+                plan = rp.plan(run_id, B, rollout_budget=budget, step=plan_step)
+                service_s += time.perf_counter() - ts
+                idx = np.array([world.index[it.prompt_id] for it in plan.items])
+                counts = np.array([it.rollouts for it in plan.items])
+                answers, rewards, group = rollout(model, world, idx, counts, gen, device)
+                r = rewards.cpu().numpy()
+                g = group.cpu().numpy()
+                ts = time.perf_counter()
+                rp.report(run_id, f"{run_id}-p{plan_step}", plan_step,
+                          [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)], plan_id=plan.plan_id)
+                service_s += time.perf_counter() - ts
+                plan_step += 1
+                k = np.bincount(g, weights=r, minlength=idx.size)
+                inf = (k > 0) & (k < counts)
+                step_used += int(counts.sum())
+                step_inf += int(counts[inf].sum())
+                if arm != "dapo":
+                    break
+                keep = np.flatnonzero(inf)[: B - got]
+                parts.append((idx[keep], counts[keep], answers, rewards, group, keep))
+                got += keep.size
+                if got >= B:
+                    break
+            if arm == "dapo":
+                idx, counts, answers, rewards, group = _concat_kept(parts, device)
+        if arm != "dapo":
+            r = rewards.cpu().numpy()
+            k = np.bincount(group.cpu().numpy(), weights=r, minlength=idx.size)
+            inf = (k > 0) & (k < counts)
+            step_used, step_inf = int(counts.sum()), int(counts[inf].sum())
+        used += step_used
+        informative += step_inf
+        if idx.size:
+            np.add.at(picks, idx, 1)
+        eff_per_step.append(step_inf / max(step_used, 1))
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.lr_warmup, 1))
+        if idx.size:
+            grpo_update(model, opt, world, idx, answers, rewards, group, idx.size)
+    model.eval()
+    acc = model.pass_rate(world.heldout.prompt, world.heldout.label)
+    curve.append((cfg.steps, used, float(acc.mean())))
+    by_level = {int(lv): float(acc[world.heldout.level == lv].mean()) for lv in np.unique(world.heldout.level)}
+    return {
+        "arm": arm, "seed": seed, "rollouts": used, "effective_ratio": informative / max(used, 1),
+        "initial_accuracy": curve[0][2], "final_accuracy": curve[-1][2], "final_accuracy_by_level": by_level,
+        "wall_s": time.perf_counter() - t0, "service_s": service_s, "curve": curve,
+        # Where the arm spent its batches (DAPO: the kept groups): share per level, on wrong labels, distinct prompts.
+        "batch_share_by_level": {int(lv): float(picks[world.pool.level == lv].sum() / max(picks.sum(), 1))
+                                   for lv in np.unique(world.pool.level)},
+        "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
+        "distinct_prompts_trained": int((picks > 0).sum()),
+        "effective_per_step": eff_per_step,
+    }
+
+
+def _concat_kept(parts, device):
+    """DAPO's batch: the kept groups of every draw, renumbered."""
+    idx, counts, answers, rewards, group = [], [], [], [], []
+    offset = 0
+    for pidx, pcnt, ans, rew, grp, keep in parts:
+        if keep.size == 0:
+            continue
+        keep_t = torch.as_tensor(keep, device=device)
+        mask = torch.isin(grp, keep_t)
+        remap = torch.full((int(grp.max()) + 1,), -1, dtype=torch.long, device=device)
+        remap[keep_t] = torch.arange(keep.size, device=device) + offset
+        idx.append(pidx), counts.append(pcnt)
+        answers.append(ans[mask]), rewards.append(rew[mask]), group.append(remap[grp[mask]])
+        offset += keep.size
+    if not idx:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), None, None, None
+    return (np.concatenate(idx), np.concatenate(counts), torch.cat(answers), torch.cat(rewards), torch.cat(group))
+
+
+# -- the benchmark ---------------------------------------------------------------------
+def rollouts_to_target(curve: list, target: float) -> int | None:
+    for _step, used, acc in curve:
+        if acc >= target:
+            return used
+    return None
+
+
+def _warmup_job(args: tuple) -> dict:
+    cfg_d, seed, device, cache, threads = args
+    torch.set_num_threads(threads)
+    cfg = LearnerConfig(**cfg_d)
+    state = warmup(cfg, seed, device, Path(cache), log=lambda *_: None)
+    return {"seed": seed, "path": str(Path(cache) / f"warmup-seed{seed}-{cfg.warmup_key(seed)}.pt"),
+            "steps": state["steps"], "gate_rate": state["gate_rate"], "seconds": state["seconds"]}
+
+
+def _cfg_dict(cfg: LearnerConfig) -> dict:
+    d = asdict(cfg)
+    d["warmup_levels"] = tuple(d["warmup_levels"])
+    return d
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description="GRPO on a small transformer (multi-digit addition), arms scheduled "
+                                 "by a live Rollplan service.")
+    ap.add_argument("--smoke", action="store_true", help="tiny: 1 seed, 3 arms, few steps (CI)")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--rollouts", type=int, default=None)
+    ap.add_argument("--target", default="auto", help="held-out exact accuracy to reach, or 'auto': 75%% of the "
+                    "way from the warm-up's accuracy to the worst final accuracy of uniform over seeds")
+    ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle")
+    ap.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2))),
+                    help="parallel processes, one (arm, seed) each")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--out", default="benchmarks/out/learner")
+    args = ap.parse_args(argv)
+    cfg = LearnerConfig()
+    if args.smoke:
+        cfg = replace(cfg, prompts=500, heldout=256, steps=50, eval_every=5)
+        args.seeds = 1
+        args.arms = args.arms or "uniform,default,oracle"
+    over = {k: getattr(args, k) for k in ("steps", "prompts", "batch", "rollouts") if getattr(args, k) is not None}
+    cfg = replace(cfg, **over)
+    arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", "oracle"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workers = max(1, args.workers)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(threads)
+    t_all = time.perf_counter()
+    ctx = mp.get_context("spawn")
+
+    def pmap(fn, items):
+        if workers == 1 or len(items) == 1:
+            yield from map(fn, items)
+            return
+        with ctx.Pool(min(workers, len(items))) as pool:
+            yield from pool.imap_unordered(fn, items)
+
+    seeds = list(range(args.seeds))
+    warm = {}
+    for w in pmap(_warmup_job, [(_cfg_dict(cfg), s, args.device, str(out), threads) for s in seeds]):
+        warm[w["seed"]] = w
+        print(f"warm-up seed {w['seed']}: {w['steps']} steps, level-{cfg.gate_level} pass rate "
+              f"{w['gate_rate']:.3f}", flush=True)
+    jobs = [{"cfg": _cfg_dict(cfg), "arm": a, "seed": s, "device": args.device, "threads": threads,
+             "warmup_path": warm[s]["path"]} for s in seeds for a in arms]
+    jobs.sort(key=lambda j: j["arm"] not in ("dapo", "oracle"))  # the longest first, so none starts last
+    rows = []
+    for r in pmap(run_arm, jobs):
+        rows.append(r)
+        print(f"seed {r['seed']} {r['arm']:10s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
+              f"eff {r['effective_ratio']:.3f} rollouts {r['rollouts']:,} ({r['wall_s']:.0f} s, "
+              f"service {r['service_s']:.0f} s)", flush=True)
+    rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
+    target = _target(args.target, rows)
+    for r in rows:
+        r["rollouts_to_target"] = rollouts_to_target(r["curve"], target)
+    summary = sim.summarise(rows, arms)
+    args.target, args.prompts, args.steps, args.batch = target, cfg.prompts, cfg.steps, cfg.batch
+    sim.print_table(summary, args, title=f"learner (GRPO, {cfg.layers}-layer d={cfg.d_model} transformer, "
+                    f"addition up to {cfg.width} digits, {cfg.rollouts} rollouts/prompt, device {args.device})")
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": args.device,
+                    "workers": workers, "threads_per_worker": threads},
+        "config": asdict(cfg), "args": vars(args), "target": target, "warmup": [warm[s] for s in seeds],
+        "wall_s": time.perf_counter() - t_all, "summary": summary, "runs": rows,
+    }
+    (out / "learner.json").write_text(json.dumps(result, indent=1))
+    sim._plot(rows, arms, out / "learner_accuracy.png")
+    _plot_effective(rows, arms, out / "learner_effective.png")
+    print(f"wrote {out / 'learner.json'} ({result['wall_s']:.0f} s)")
+    return result
+
+
+def _target(spec: str, rows: list[dict]) -> float:
+    if spec != "auto":
+        return float(spec)
+    uni = [r for r in rows if r["arm"] == "uniform"] or rows
+    start = float(np.mean([r["initial_accuracy"] for r in uni]))
+    worst = min(max(a for _, _, a in r["curve"]) for r in uni)
+    return round(start + 0.75 * max(worst - start, 0.0), 3)
+
+
+def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in arms:
+        e = np.mean([r["effective_per_step"] for r in rows if r["arm"] == arm], axis=0)
+        w = max(1, e.size // 40)
+        ax.plot(np.convolve(e, np.ones(w) / w, mode="valid"), label=arm)
+    ax.set_xlabel("step")
+    ax.set_ylabel("effective ratio (moving mean)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
