@@ -311,10 +311,10 @@ def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
 
 
 def arm_strategy(arm: str) -> dict:
-    """An arm is a strategy name, optionally with parameters: ``frontier+thompson=true,cooldown=0``."""
+    """An arm is a strategy name, optionally with parameters: ``frontier+thompson=true&cooldown=0``."""
     name, _, variant = arm.partition("+")
     params = {}
-    for kv in filter(None, variant.split(",")):
+    for kv in filter(None, variant.split("&")):
         k, _, v = kv.partition("=")
         try:
             params[k] = json.loads(v)

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def _rebuild_error(cls, status, title, detail, errors, type_, headers):
+    return cls(status, title, detail, errors=errors, type=type_, headers=headers)
+
+
 class RollplanError(Exception):
     """An error answer of the service, parsed from its ``application/problem+json`` body.
 
@@ -35,6 +39,10 @@ class RollplanError(Exception):
         self.headers = headers or {}
         super().__init__(self._message())
 
+    def __reduce__(self):
+        # Picklable (e.g. raised in a multiprocessing worker): keyword fields included.
+        return _rebuild_error, (type(self), self.status, self.title, self.detail, self.errors, self.type, self.headers)
+
     def _message(self) -> str:
         head = f"{self.status} {self.title}" if self.status is not None else self.title
         msg = f"{head}: {self.detail}" if self.detail else head
@@ -50,6 +58,9 @@ class RollplanUnavailable(RollplanError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(None, "Service unreachable", detail)
+
+    def __reduce__(self):
+        return type(self), (self.detail,)
 
 
 def _describe(error: dict[str, Any]) -> str:

@@ -40,13 +40,13 @@ def test_put_run_create_attach_conflict(client):
     assert r.status_code == 201
     run = r.json()
     assert run["id"] == "exp.1:a-b_c"
-    assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["candidate_multiplier"] == 64
+    assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["candidate_multiplier"] == 16
     assert (run["rollouts_per_prompt"], run["min_rollouts"], run["max_rollouts"]) == (8, 2, 64)
     assert run["metadata"] == {"model": "qwen2.5-7b"}
     assert run["stats"] == {"prompts": 0, "steps": 0, "plans": 0, "results": 0, "rollouts": 0, "informative_rollouts": 0}
 
     # Same settings: attach (200). Explicit default params are the same settings.
-    body2 = {**body, "strategy": {"name": "default", "params": {"candidate_multiplier": 64}}}
+    body2 = {**body, "strategy": {"name": "default", "params": {"candidate_multiplier": 16}}}
     assert client.put("/v1/runs/exp.1:a-b_c", json=body2).status_code == 200
     # Different settings: 409 naming what differs.
     assert_problem(client.put("/v1/runs/exp.1:a-b_c", json={**body, "rollouts_per_prompt": 16}), 409,

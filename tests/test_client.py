@@ -438,3 +438,14 @@ def test_sync_and_async_clients_share_one_api():
     assert "run_id" in inspect.signature(sync.put_run).parameters and sync.put_run is getattr(sync, 'put_run')
     sync.close()
     asyncio.run(aio.close())
+
+
+def test_errors_pickle():
+    """Errors cross process boundaries (multiprocessing workers re-raise them in the parent)."""
+    import pickle
+
+    e = RollplanError(422, "Validation failed", "bad", errors=[{"loc": "results[0]", "msg": "unknown prompt id"}])
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.status, back.title, back.detail, back.errors, str(back)) == (e.status, e.title, e.detail, e.errors, str(e))
+    u = pickle.loads(pickle.dumps(RollplanUnavailable("down")))
+    assert isinstance(u, RollplanUnavailable) and u.detail == "down" and u.status is None

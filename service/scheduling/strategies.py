@@ -648,7 +648,11 @@ class PilotCommit(BetaThompson):
 
 
 class DefaultParams(FrontierParams):
-    pass
+    thompson: bool = Field(
+        True,
+        description="Score a Thompson draw (default: on the GRPO learner it reached the best held-out accuracy "
+        "at equal rollouts), or the predictive mean.",
+    )
 
 
 class Default(Frontier):
