@@ -14,7 +14,7 @@ from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api import inspect, v1
+from .api import inspect, predictor, v1
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(v1.router)
     app.include_router(inspect.router)
+    app.include_router(predictor.router)
     ui.mount(app)
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))

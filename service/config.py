@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(100_000, ge=1)
     max_page_size: int = Field(1_000, ge=1)
 
+    # The learned pass-rate predictor (runs with a strategy's `predictor: true`; needs torch).
+    predictor_retrain_groups: int = Field(
+        256, ge=1, description="New reported groups of a run that trigger a background retrain of its predictor."
+    )
+    predictor_train_steps: int = Field(150, ge=1, le=100_000, description="Adam steps per predictor fit.")
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, v: object) -> object:

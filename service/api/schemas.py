@@ -14,6 +14,7 @@ RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN, min_length=1, m
 PromptId = Annotated[str, StringConstraints(pattern=PROMPT_ID_PATTERN, min_length=1, max_length=200)]
 ShortStr = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+MAX_EMBEDDING_DIM = 4096
 
 
 class Strict(BaseModel):
@@ -111,6 +112,15 @@ class PromptIn(Strict):
     tags: list[ShortStr] | None = Field(None, max_length=64)
     prior_pass_rate: float | None = Field(None, ge=0.0, le=1.0)
     text: str | None = Field(None, description="Optional prompt text (length capped by the server).")
+    embedding: list[FiniteFloat] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_EMBEDDING_DIM,
+        description="Optional embedding vector of the prompt (finite numbers, at most "
+        f"{MAX_EMBEDDING_DIM}), e.g. from the trainer's own encoder. An input of the learned pass-rate "
+        "predictor (strategies with `predictor: true`), beside the hashed n-grams of `text`, its domain and the "
+        "training progress; send vectors of one length per run (others are ignored by the predictor).",
+    )
 
 
 class PromptsIn(Strict):
@@ -159,6 +169,7 @@ class HistoryEntry(BaseModel):
 
 class PromptDetail(PromptOut):
     text: str | None
+    embedding: list[float] | None = None
     history: list[HistoryEntry]
 
 

@@ -186,6 +186,7 @@ def get_prompt(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: Se
         raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
     out = engine.prompt_rows(ctx, [row])[0]
     out["text"] = row.text
+    out["embedding"] = row.embedding
     out["history"] = engine.history(session, ctx, row.ordinal)
     return out
 
