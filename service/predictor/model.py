@@ -44,8 +44,8 @@ class TrainConfig:
     hidden: int = 16
     knots: int = 8
     steps: int = 150
-    lr: float = 0.03
-    weight_decay: float = 1e-6
+    lr: float = 0.01
+    weight_decay: float = 1e-2  # L2 through Adam: hashed features of one-off tokens overfit without it
     batch_prompts: int = 512
     halflife_steps: float = 0.0  # 0 = every group weighs the same
     max_groups: int = 100_000  # the most recent groups are used
