@@ -79,10 +79,13 @@ def make_world(cfg: SimConfig) -> tuple[Learner, list[str]]:
     return learner, texts
 
 
-def run_arm(arm: str, cfg: SimConfig, target: float, retrain_every: int, fit_steps: int, eval_every: int) -> dict:
+def run_arm(arm: str, cfg: SimConfig, target: float, retrain_every: int, fit_steps: int, eval_every: int,
+            text: bool = True) -> dict:
     from ..service.predictor import model as M
 
     learner, texts = make_world(cfg)
+    if not text:  # the control: the same world, prompts without text (the predictor sees domain and step only)
+        texts = [""] * len(texts)
     roll_rng = np.random.default_rng(cfg.seed + 1_000_003)
     B, n0 = cfg.batch, cfg.rollouts
     name, _, variant = arm.partition("+")
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fit-steps", type=int, default=150)
     ap.add_argument("--arms", default="uniform,frontier,frontier+predictor=true,beta+hierarchical=true,"
                     "beta+hierarchical=true,predictor=true")
+    ap.add_argument("--no-text", action="store_true", help="control: prompts without text")
     ap.add_argument("--out", default="benchmarks/out/predictor")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in range(args.seeds):
         cfg = SimConfig(prompts=args.prompts, steps=args.steps, batch=args.batch, seed=seed)
         for arm in arms:
-            r = run_arm(arm, cfg, args.target, args.retrain_every, args.fit_steps, max(1, args.steps // 60))
+            r = run_arm(arm, cfg, args.target, args.retrain_every, args.fit_steps, max(1, args.steps // 60),
+                        text=not args.no_text)
             rows.append(r)
             print(f"seed {seed} {arm:38s} to-target {r['rollouts_to_target']!s:>8} first-time inf "
                   f"{r['first_time_informative']:.3f} brier {r['brier_first_time']} vs {r['brier_baseline_first_time']}"
@@ -223,7 +228,7 @@ def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
 
 
 def print_table(summary: list[dict], args) -> None:
-    print(f"\npredictor benchmark: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, "
+    print(f"\npredictor benchmark{' (control: no text)' if args.no_text else ''}: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, "
           f"{args.seeds} seeds, target held-out accuracy {args.target}")
     print("| arm | reached | rollouts to target | first-time share of groups | informative among first-time | "
           "effective ratio | final acc | Brier predictor / domain mean (first-time) | (all groups) |")

@@ -164,7 +164,7 @@ def test_background_training_never_blocks_plans_and_calibration_matches(make_cli
 
     # The report queued a fit; it is now stuck in its (slow) training step.
     assert started.wait(60)
-    run_pk = client.get("/v1/runs/pr").json() and engine.predictor._runs and next(iter(engine.predictor._runs))
+    run_pk = engine._contexts["pr"].run_pk
     st = engine.predictor.state(run_pk)
     r = client.post("/v1/runs/pr/plans", json={"batch_size": 16})
     assert r.status_code == 201, r.text  # answered while the fit is still running
