@@ -282,3 +282,27 @@ def test_service_runs_and_plans_without_torch(tmp_path):
     assert out["put_predictor"] == 422 and "torch" in out["put_predictor_detail"]
     assert out["change_predictor"] == 422
     assert out["inspect"] is False and out["torch_loaded"] is False
+
+
+def test_model_learns_from_client_embeddings():
+    M = pytest.importorskip("rollplan.service.predictor.model")
+    rng = np.random.default_rng(1)
+    P, G, E = 2000, 2000, 16
+    emb = rng.standard_normal((P, E)).astype(np.float32)
+    logit = emb @ np.linspace(-1, 1, E)  # the pass rate is a function of the embedding only
+    has = np.ones(P, bool)
+    has[::10] = False  # some prompts without one
+    emb[~has] = 0.0
+    go = rng.choice(np.flatnonzero(has), G)
+    k = rng.binomial(8, _sigmoid(logit[go])).astype(np.float64)
+    feats = hash_texts([None] * P)
+    data = M.TrainData(feats, np.zeros(P, np.int64), ["d"], emb, has, go, np.full(G, 8.0), k, np.zeros(G, np.int64))
+    pred, _ = M.fit(data, M.TrainConfig(steps=150, seed=0))
+    unseen = np.setdiff1d(np.flatnonzero(has), go)
+    p = _sigmoid(pred.predict_logit(feats.rows(unseen), np.zeros(unseen.size, np.int64), 0, emb[unseen], has[unseen]))
+    truth = _sigmoid(logit[unseen])
+    assert np.mean((p - truth) ** 2) < 0.5 * np.mean((pred.baseline_rate(np.zeros(unseen.size, np.int64)) - truth) ** 2)
+    # A version round-trips with its embedding layer.
+    again = M.Predictor.from_bytes(pred.to_bytes())
+    assert np.allclose(again.predict_logit(feats, np.zeros(P, np.int64), 0, emb, has),
+                       pred.predict_logit(feats, np.zeros(P, np.int64), 0, emb, has))

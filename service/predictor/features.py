@@ -12,7 +12,7 @@ The hashing is vectorised over a whole chunk of texts at once: texts are
 joined with NUL separators into one byte array; a window's polynomial hash is
 a sum of shifted arrays, a word's hash comes from prefix sums
 (``(H[e] − H[s]) · P^{−s}`` mod 2⁶⁴ — P is odd, so invertible mod 2⁶⁴).
-The result is CSR-like: ``indptr`` (texts + 1), ``indices`` (int64) and
+The result is CSR-like: ``indptr`` (texts + 1), ``indices`` (int32) and
 ``values`` (float32, ±1; a repeated feature simply repeats).
 """
 
@@ -36,7 +36,7 @@ class Features:
     """A CSR-like bag of hashed features per text."""
 
     indptr: np.ndarray  # int64, len = texts + 1
-    indices: np.ndarray  # int64, feature rows in [0, dim)
+    indices: np.ndarray  # int32, feature rows in [0, dim) (8 bytes per entry with the value)
     values: np.ndarray  # float32, ±1
     dim: int = DIM
 
@@ -67,7 +67,7 @@ class Features:
 
 
 def empty(dim: int = DIM) -> Features:
-    return Features(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), dim)
+    return Features(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32), dim)
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -149,7 +149,7 @@ def _hash_chunk(chunk: list[bytes], dim: int) -> Features:
     d = np.concatenate(feats_doc) if feats_doc else np.zeros(0, np.int64)
     order = np.argsort(d, kind="stable")
     h, d = h[order], d[order]
-    indices = (h & np.uint64(dim - 1)).astype(np.int64)
+    indices = (h & np.uint64(dim - 1)).astype(np.int32)
     values = np.where((h >> np.uint64(63)) == 1, -1.0, 1.0).astype(np.float32)
     indptr = np.r_[0, np.cumsum(np.bincount(d, minlength=n_docs))].astype(np.int64)
     return Features(indptr, indices, values, dim)

@@ -109,7 +109,7 @@ class PassRateNet(nn.Module):
 
 def _bags(f: Features) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (
-        torch.from_numpy(f.indices),
+        torch.from_numpy(f.indices.astype(np.int64)),
         torch.from_numpy(f.indptr[:-1].copy()),
         torch.from_numpy(f.values),
     )
