@@ -16,7 +16,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api import inspect, keys, v1
+from .api import inspect, keys, predictor, v1
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge
@@ -130,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(v1.router)
     app.include_router(inspect.router)
+    app.include_router(predictor.router)
     ui.mount(app)
     app.include_router(keys.router)
 

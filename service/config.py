@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         "A request never waits on the database longer than this (503 after)."
     )
 
+    # The learned pass-rate predictor (runs with a strategy's `predictor: true`; needs torch).
+    predictor_retrain_groups: int = Field(
+        256, ge=1, description="New reported groups of a run that trigger a background retrain of its predictor."
+    )
+    predictor_train_steps: int = Field(150, ge=1, le=100_000, description="Adam steps per predictor fit.")
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, v: object) -> object:

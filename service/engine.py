@@ -34,6 +34,8 @@ from .api import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
 from .inspection import STATES, state_codes
+from .predictor import available as predictor_available
+from .predictor.trainer import PredictorManager
 from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
@@ -89,7 +91,7 @@ def strategy_spec(strategy: strat.Strategy) -> dict[str, Any]:
 def build_strategy(spec: schemas.StrategySpec, loc: str = "body.strategy") -> strat.Strategy:
     """A strategy from its spec; 422 naming the field for a bad name or parameter."""
     try:
-        return strat.build(spec.name, spec.params)
+        strategy = strat.build(spec.name, spec.params)
     except KeyError:
         raise Invalid(
             f"{loc}.name: unknown strategy {spec.name!r}; known: {sorted(strat.REGISTRY)}",
@@ -101,6 +103,10 @@ def build_strategy(spec: schemas.StrategySpec, loc: str = "body.strategy") -> st
             for err in e.errors(include_url=False)
         ]
         raise Invalid(f"{errs[0]['loc']}: {errs[0]['msg']}", errors=errs) from None
+    if getattr(strategy.params, "predictor", False) and not predictor_available():
+        why = "the learned predictor needs torch on the server (pip install 'rollplan[torch]'); it is not installed"
+        raise Invalid(f"{loc}.params.predictor: {why}", errors=[{"loc": f"{loc}.params.predictor", "msg": why}])
+    return strategy
 
 
 def current_strategy(settings: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +184,8 @@ class Engine:
         self.metrics = metrics  # service.metrics.Metrics, or None
         self._contexts: dict[str, RunContext] = {}
         self._lock = threading.Lock()
+        # The learned pass-rate predictor's background trainer (no torch import until a run uses it).
+        self.predictor = PredictorManager(sessions, settings.predictor_retrain_groups, settings.predictor_train_steps)
 
     # -- contexts -----------------------------------------------------------------
     def get_run(self, session: Session, run_id: str) -> Run:
@@ -205,6 +213,7 @@ class Engine:
         with ctx.lock:
             if ctx.prompt_version < run.prompt_version or ctx.report_seq < run.report_seq:
                 self._refresh(session, ctx)
+        self.predictor.touch(ctx, run)
         return ctx
 
     def _refresh(self, session: Session, ctx: RunContext) -> None:
@@ -361,6 +370,7 @@ class Engine:
                         "prior_pass_rate": p.prior_pass_rate,
                         "prior_strength": None,
                         "text": p.text,
+                        "embedding": p.embedding,
                         "version": version,
                     }
                     new_rows.append(row)
@@ -649,6 +659,7 @@ class Engine:
                 stale = np.full(k, staleness, dtype=np.int64)
                 ctx.pool.observe(ctx.observations(ordinals, lengths, sums, steps, informative, abs_adv, stale))
                 ctx.report_seq = seq
+        self.predictor.touch(ctx, run)
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)
 
     @staticmethod

@@ -29,6 +29,7 @@ RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le
 
 # SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
 UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
+MAX_EMBEDDING_DIM = 4096
 
 
 class Strict(BaseModel):
@@ -132,6 +133,15 @@ class PromptIn(Strict):
     text: Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")] | None = Field(
         None, description="Optional prompt text: at most the server's max_text_chars (422 above); no NUL characters."
     )
+    embedding: list[FiniteFloat] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_EMBEDDING_DIM,
+        description="Optional embedding vector of the prompt (finite numbers, at most "
+        f"{MAX_EMBEDDING_DIM}), e.g. from the trainer's own encoder. An input of the learned pass-rate "
+        "predictor (strategies with `predictor: true`), beside the hashed n-grams of `text`, its domain and the "
+        "training progress; send vectors of one length per run (others are ignored by the predictor).",
+    )
 
 
 class PromptsIn(Strict):
@@ -180,6 +190,7 @@ class HistoryEntry(BaseModel):
 
 class PromptDetail(PromptOut):
     text: str | None
+    embedding: list[float] | None = None
     history: list[HistoryEntry] = Field(
         description="The latest `history_limit` reported groups of this prompt, oldest first."
     )

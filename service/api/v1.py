@@ -239,6 +239,7 @@ def get_prompt(
         raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
     out = engine.prompt_rows(ctx, [row])[0]
     out["text"] = row.text
+    out["embedding"] = row.embedding
     cap = min(history_limit or settings.max_history, settings.max_history)
     out["history"] = engine.history(session, ctx, row.ordinal, limit=cap)
     out["history_total"] = len(out["history"])

@@ -25,7 +25,10 @@ the policy playing in its domain:
 
 A never-seen prompt's difficulty belief is its domain's empirical distribution
 of seen difficulties (mean and variance, kept incrementally), or, where the
-client gave a ``prior_pass_rate`` p₀, centred on θ_d − logit(p₀). The
+client gave a ``prior_pass_rate`` p₀, centred on θ_d − logit(p₀); else, where
+the learned predictor gave a prediction ``pred = (r, v)`` (its logit relative
+to its domain's mean prediction, and its variance), centred on the domain's
+mean difficulty minus r with variance min(v, the domain's). The
 predicted pass rate integrates the uncertainty with the probit approximation
 σ(x / √(1 + π·v/8)); a Thompson draw samples x ~ N(θ_d − μ_i, v).
 
@@ -99,13 +102,18 @@ class SkillDifficultyModel:
         w = cnt / (cnt + 5.0)
         return mean, np.maximum(w * var + (1 - w) * self.prior_var, 0.05)
 
-    def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray):
+    def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
         """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
         seen = self.tau_[o] > 0
         dm, dv = self.domain_difficulty()
         has_prior = ~np.isnan(prior_logit)
         mu0 = np.where(has_prior, self.theta_[d] - np.nan_to_num(prior_logit), dm[d])
         var0 = np.where(has_prior, 1.0, dv[d])
+        if pred is not None:
+            rel, rel_var = pred
+            use = ~has_prior & ~np.isnan(rel)
+            mu0 = np.where(use, dm[d] - np.nan_to_num(rel), mu0)
+            var0 = np.where(use, np.minimum(np.nan_to_num(rel_var, nan=1.0), dv[d]), var0)
         gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
         var_seen = 1.0 / np.where(seen, self.tau_[o], 1.0) + self.difficulty_drift * gap
         return np.where(seen, self.mu_[o], mu0), np.where(seen, var_seen, var0)
@@ -115,15 +123,16 @@ class SkillDifficultyModel:
         return self.theta_[d], self.theta_var_[d] + self.skill_drift * gap
 
     # -- updates --------------------------------------------------------------------
-    def observe(self, o, d, n, k, step, prior_logit) -> None:
+    def observe(self, o, d, n, k, step, prior_logit, pred=None) -> None:
         """One report: groups (ordinal o, domain d, weighted n rollouts, k successes) at ``step``."""
         rank = occurrence_rank(o)
         for r in range(int(rank.max()) + 1 if rank.size else 0):
             m = rank == r
-            self._observe_unique(o[m], d[m], n[m], k[m], step[m], prior_logit[m])
+            pm = None if pred is None else (pred[0][m], pred[1][m])
+            self._observe_unique(o[m], d[m], n[m], k[m], step[m], prior_logit[m], pm)
 
-    def _observe_unique(self, o, d, n, k, step, prior_logit) -> None:
-        mu, var = self._belief(o, d, prior_logit, step)
+    def _observe_unique(self, o, d, n, k, step, prior_logit, pred=None) -> None:
+        mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
         p = _sigmoid(th - mu)
         info = n * p * (1 - p)
@@ -160,18 +169,20 @@ class SkillDifficultyModel:
         np.add.at(self.dom_, new_d, c)
 
     # -- reads ----------------------------------------------------------------------
-    def logit(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    def logit(
+        self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int, pred=None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and variance of θ_d − b_i at ``step``."""
-        mu, var = self._belief(o, d, prior_logit, step)
+        mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
         return th - mu, var + th_var
 
-    def predict(self, o, d, prior_logit, step) -> np.ndarray:
-        x, v = self.logit(o, d, prior_logit, step)
+    def predict(self, o, d, prior_logit, step, pred=None) -> np.ndarray:
+        x, v = self.logit(o, d, prior_logit, step, pred)
         return _sigmoid(x / np.sqrt(1.0 + np.pi * v / 8.0))
 
-    def sample(self, o, d, prior_logit, step, rng: np.random.Generator) -> np.ndarray:
-        x, v = self.logit(o, d, prior_logit, step)
+    def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None) -> np.ndarray:
+        x, v = self.logit(o, d, prior_logit, step, pred)
         return _sigmoid(x + np.sqrt(v) * rng.standard_normal(x.shape))
 
 

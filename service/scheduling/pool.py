@@ -70,6 +70,13 @@ class PoolState:
     binomial noise subtracted), falling back to the whole pool's when the
     domain has fewer than ``eb_min_prompts`` observed prompts; else Beta(1, 1)
     scaled to ``prior_strength``.
+
+    With ``use_predictor``, a prompt without a client prior but with a learned
+    prediction (``set_predicted``) has its prior centred on its domain's prior
+    mean shifted on the logit scale by the predictor's logit relative to the
+    domain, σ(logit(m_d) + r_i), with the strength implied by the predictor's
+    logit variance v (Var p ≈ v·(m(1−m))² = m(1−m)/(κ+1)), capped at
+    ``eb_max_strength``.
     """
 
     forgetting: float = 0.5
@@ -78,6 +85,7 @@ class PoolState:
     staleness_decay: float = 0.8
     eb_min_prompts: int = 5
     eb_max_strength: float = 20.0
+    use_predictor: bool = False
     trackers: dict[str, Tracker] = field(default_factory=dict)
 
     size: int = 0
@@ -92,6 +100,10 @@ class PoolState:
     _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
+    # The learned predictor's prior (service/predictor): logit relative to the
+    # domain's mean prediction, and its variance; NaN where none.
+    _pred_rel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    _pred_var: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     beta: BetaPosterior = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +162,8 @@ class PoolState:
             ("_informative_groups", 0),
             ("_reward_sum", 0.0),
             ("_last_step", -1),
+            ("_pred_rel", np.nan),
+            ("_pred_var", np.nan),
         ):
             setattr(self, name, _grow(getattr(self, name), new_size, fill))
         if new_domains > self._dom.shape[0]:
@@ -171,6 +185,33 @@ class PoolState:
         self._prior[o] = prior
         if prior_strength is not None:
             self._prior_strength[o] = prior_strength
+
+    def set_predicted(self, ordinals: np.ndarray, logit: np.ndarray, var: np.ndarray) -> None:
+        """A predictor version's logit pass rate and variance for ``ordinals``.
+
+        Stored relative to the mean prediction of each prompt's domain (over the
+        ordinals given): consumers put the predictor's ranking within a domain on
+        their own, live estimate of the domain's level, so a version trained some
+        steps ago does not drag priors back to an older policy. Non-finite values
+        mean "no prediction"."""
+        o = np.asarray(ordinals, np.int64)
+        if o.size == 0:
+            return
+        logit = np.asarray(logit, np.float64)
+        ok = np.isfinite(logit)
+        d = self._domain[o]
+        D = self.n_domains
+        cnt = np.bincount(d[ok], minlength=D)
+        mean = np.bincount(d[ok], weights=logit[ok], minlength=D) / np.maximum(cnt, 1)
+        self._pred_rel[o] = np.where(ok, logit - mean[d], np.nan)
+        self._pred_var[o] = np.where(ok, np.asarray(var, np.float64), np.nan)
+
+    def predicted_prior(self, idx: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray] | None:
+        """(relative logit, variance) of the predictor's prior at ``idx`` (NaN where none);
+        None when this pool does not use the predictor."""
+        if not self.use_predictor:
+            return None
+        return self._pred_rel[: self.size][idx], self._pred_var[: self.size][idx]
 
     def observe(self, obs: Observations) -> None:
         """Apply one committed report."""
@@ -242,6 +283,17 @@ class PoolState:
         # A prior of exactly 0 or 1 would make a Beta parameter 0 (not a distribution).
         mean = np.clip(np.where(has, client, dm[d]), PRIOR_EPS, 1.0 - PRIOR_EPS)
         strength = np.where(has, np.where(np.isnan(own_strength), self.prior_strength, own_strength), ds[d])
+        pred = self.predicted_prior(idx)
+        if pred is not None:
+            rel, var = pred
+            use = ~has & ~np.isnan(rel)
+            m0 = np.clip(dm[d], 1e-3, 1 - 1e-3)
+            z = np.log(m0) - np.log1p(-m0) + np.nan_to_num(rel)
+            m = 0.5 * (1.0 + np.tanh(0.5 * z))
+            q = np.clip(m * (1.0 - m), 1e-6, None)
+            k = np.clip(1.0 / (np.nan_to_num(var, nan=1.0) * q) - 1.0, 1.0, self.eb_max_strength)
+            mean = np.where(use, m, mean)
+            strength = np.where(use, k, strength)
         return strength * mean, strength * (1.0 - mean)
 
     # -- reads ------------------------------------------------------------------

@@ -175,6 +175,11 @@ class BetaParams(StrategyParams):
         "(empirical Bayes) instead of Beta(1,1).",
     )
     allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
+    predictor: bool = Field(
+        False,
+        description="Use the learned pass-rate predictor (needs the server's [torch] extra) as the prior of "
+        "prompts with little history: the Beta prior mean is the domain prior shifted by the predicted logit, its strength from the predictor's variance.",
+    )
 
 
 class BetaThompson(Strategy):
@@ -188,7 +193,10 @@ class BetaThompson(Strategy):
 
     def make_pool(self) -> PoolState:
         p: BetaParams = self.params  # type: ignore[assignment]
-        return PoolState(forgetting=p.forgetting, prior_strength=p.prior_strength, hierarchical=p.hierarchical)
+        return PoolState(
+            forgetting=p.forgetting, prior_strength=p.prior_strength, hierarchical=p.hierarchical,
+            use_predictor=p.predictor,
+        )
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: BetaParams = self.params  # type: ignore[assignment]
@@ -217,6 +225,11 @@ class FrontierParams(StrategyParams):
         "step after step memorises them instead of teaching the skill.",
     )
     allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
+    predictor: bool = Field(
+        False,
+        description="Use the learned pass-rate predictor (needs the server's [torch] extra) as the prior of "
+        "prompts with little history: an unseen prompt's difficulty prior is its domain's mean difficulty minus the predicted logit relative to the domain, with the predictor's variance.",
+    )
 
 
 class Frontier(Strategy):
@@ -231,7 +244,7 @@ class Frontier(Strategy):
 
     def make_pool(self) -> PoolState:
         p: FrontierParams = self.params  # type: ignore[assignment]
-        pool = PoolState()
+        pool = PoolState(use_predictor=p.predictor)
         model = SkillDifficultyModel(skill_drift=p.skill_drift, difficulty_drift=p.difficulty_drift)
         pool.trackers["skill"] = SkillTracker(model)
         return pool
@@ -240,10 +253,7 @@ class Frontier(Strategy):
         return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        from .irt import prior_logit
-
-        model = pool.trackers["skill"].model  # type: ignore[attr-defined]
-        x, v = model.logit(idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), max(step, pool.step))
+        x, v = pool.trackers["skill"].logit(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
         return {"skill_minus_difficulty": x, "skill_minus_difficulty_sd": np.sqrt(v)}
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
@@ -253,9 +263,7 @@ class Frontier(Strategy):
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
         if p.thompson:
-            from .irt import prior_logit
-
-            theta = tracker.model.sample(cand, pool.domain[cand], prior_logit(pool.prior_pass_rate[cand]), step, rng)
+            theta = tracker.sample(pool, cand, step, rng)
         else:
             theta = tracker.predict(pool, cand, step)
         score = selection.informative_prob(theta, req.rollout_budget / B)

@@ -34,10 +34,25 @@ class SkillTracker:
     def observe(self, pool: PoolState, obs: Observations) -> None:
         o = obs.ordinals
         w = _staleness_weight(pool, obs)
-        self.model.observe(o, pool.domain[o], w * obs.n, w * obs.successes, obs.step, prior_logit(pool.prior_pass_rate[o]))
+        self.model.observe(
+            o, pool.domain[o], w * obs.n, w * obs.successes, obs.step, prior_logit(pool.prior_pass_rate[o]),
+            pool.predicted_prior(o),
+        )
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
-        return self.model.predict(idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step)
+        return self.model.predict(
+            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, pool.predicted_prior(idx)
+        )
+
+    def logit(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.logit(
+            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, pool.predicted_prior(idx)
+        )
+
+    def sample(self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator) -> np.ndarray:
+        return self.model.sample(
+            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, rng, pool.predicted_prior(idx)
+        )
 
     def inspect(self) -> dict:
         D = self.model.theta_.shape[0]

@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -67,6 +68,8 @@ class Prompt(Base):
     # Pseudo-count strength of the prior (set by a warm start); None = the strategy's.
     prior_strength: Mapped[float | None] = mapped_column(Float)
     text: Mapped[str | None] = mapped_column(Text)
+    # Optional client-supplied embedding vector (migration 0004), an input of the learned predictor.
+    embedding: Mapped[list | None] = mapped_column(JSON)
     # The run's prompt_version when this row was last written: replicas refresh
     # incrementally with ``version > last_seen``.
     version: Mapped[int] = mapped_column(BigInteger, nullable=False)
@@ -210,3 +213,18 @@ class ApiKey(Base):
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class PredictorModel(Base):
+    """A trained version of a run's learned pass-rate predictor (``service/predictor``):
+    the serialised model and its metrics (held-out and prequential calibration sums)."""
+
+    __tablename__ = "predictor_models"
+
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), nullable=False
+    )
+    blob: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    metrics: Mapped[dict] = mapped_column(JSON, nullable=False)
