@@ -177,6 +177,32 @@ class RunContext:
         )
 
 
+def load_reports(
+    session: Session, ctx: RunContext, after: int, upto: int | None = None
+) -> list[tuple[int, Observations]]:
+    """The reward log's reports of a run after ``after`` (up to ``upto``), in commit
+    order, each as the ``Observations`` it was applied as when live."""
+    q = select(
+        Result.report_seq,
+        Result.prompt_ordinal,
+        Result.n,
+        Result.reward_sum,
+        Result.step,
+        Result.informative,
+        Result.abs_adv,
+        Result.staleness,
+    ).where(Result.run_pk == ctx.run_pk, Result.report_seq > after)
+    if upto is not None:
+        q = q.where(Result.report_seq <= upto)
+    rows = session.execute(q.order_by(Result.report_seq, Result.position)).all()
+    if not rows:
+        return []
+    cols = [np.asarray(c) for c in zip(*rows)]
+    seqs = cols[0]
+    bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, len(seqs)].tolist()
+    return [(int(seqs[a]), ctx.observations(*(c[a:b] for c in cols[1:]))) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class Engine:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], metrics: Any = None) -> None:
         self.settings = settings
@@ -219,20 +245,7 @@ class Engine:
     def _refresh(self, session: Session, ctx: RunContext) -> None:
         # Results first, prompts second: a report only names prompts committed
         # before it, so the later prompt read covers every ordinal it names.
-        res = session.execute(
-            select(
-                Result.report_seq,
-                Result.prompt_ordinal,
-                Result.n,
-                Result.reward_sum,
-                Result.step,
-                Result.informative,
-                Result.abs_adv,
-                Result.staleness,
-            )
-            .where(Result.run_pk == ctx.run_pk, Result.report_seq > ctx.report_seq)
-            .order_by(Result.report_seq, Result.position)
-        ).all()
+        reports = load_reports(session, ctx, ctx.report_seq)
         prompts = session.execute(
             select(
                 Prompt.ordinal, Prompt.id, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength, Prompt.version
@@ -244,14 +257,9 @@ class Engine:
             cols = list(zip(*prompts))
             ctx.apply_prompts(*(list(c) for c in cols[:5]))
             ctx.prompt_version = max(ctx.prompt_version, int(max(cols[5])))
-        if res:
-            # One observe per report, exactly as when the reports were live.
-            seqs = np.fromiter((r[0] for r in res), dtype=np.int64, count=len(res))
-            cols = [np.asarray(c) for c in zip(*res)]
-            bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, len(res)]
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                ctx.pool.observe(ctx.observations(*(c[a:b] for c in cols[1:])))
-            ctx.report_seq = int(seqs[-1])
+        for seq, obs in reports:  # one observe per report, exactly as when they were live
+            ctx.pool.observe(obs)
+            ctx.report_seq = seq
 
     def forget(self, run_id: str) -> None:
         with self._lock:

@@ -316,29 +316,15 @@ class PoolHistory:
                 self.pool.set_prompts(np.arange(size, dtype=np.int64), domain, prior)
             if target <= self.report_seq:
                 return
-            rows = s.execute(
-                select(
-                    Result.report_seq,
-                    Result.prompt_ordinal,
-                    Result.n,
-                    Result.reward_sum,
-                    Result.step,
-                    Result.informative,
-                    Result.abs_adv,
-                    Result.staleness,
-                )
-                .where(Result.run_pk == ctx.run_pk, Result.report_seq > self.report_seq, Result.report_seq <= target)
-                .order_by(Result.report_seq, Result.position)
-            ).all()
-            if rows:
-                cols = [np.asarray(c) for c in zip(*rows)]
-                seqs, steps = cols[0], cols[4]
-                # One observe per report, as live; a snapshot when the step changes.
-                bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, len(seqs)]
-                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                    self.pool.observe(ctx.observations(*(c[a:b] for c in cols[1:])))
-                    if b == len(seqs) or steps[b] != steps[a]:
-                        self.snapshots[int(steps[a])] = self._snapshot(ctx)
+            from .engine import load_reports  # engine imports this module
+
+            reports = load_reports(s, ctx, self.report_seq, target)
+            for k, (_, obs) in enumerate(reports):
+                self.pool.observe(obs)
+                step = int(obs.step[0])
+                # A snapshot when the step changes: the pool after the step's last report.
+                if k + 1 == len(reports) or int(reports[k + 1][1].step[0]) != step:
+                    self.snapshots[step] = self._snapshot(ctx)
             self.report_seq = target
 
     def _snapshot(self, ctx: RunContext) -> Snapshot:
