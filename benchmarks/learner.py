@@ -310,19 +310,6 @@ def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
     return answers, rewards, group
 
 
-def arm_strategy(arm: str) -> dict:
-    """An arm is a strategy name, optionally with parameters: ``frontier+thompson=true&cooldown=0``."""
-    name, _, variant = arm.partition("+")
-    params = {}
-    for kv in filter(None, variant.split("&")):
-        k, _, v = kv.partition("=")
-        try:
-            params[k] = json.loads(v)
-        except ValueError:
-            params[k] = v
-    return {"name": name, "params": params}
-
-
 def run_arm(job: dict) -> dict:
     """One (arm, seed): a fresh copy of the seed's warm-up checkpoint, trained by GRPO
     on the prompts the arm picks, through its own ``rollplan serve``."""
@@ -347,7 +334,7 @@ def run_arm(job: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url, \
             Client(url, timeout=120) as rp:
         run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
-        rp.put_run(run_id, strategy={"name": "uniform"} if arm == "dapo" else arm_strategy(arm), rollouts_per_prompt=n0,
+        rp.put_run(run_id, strategy={"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm), rollouts_per_prompt=n0,
                    min_rollouts=1, max_rollouts=max(64, n0))
         rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}"} for pid, lv in zip(world.ids, world.pool.level)],
                           progress=False)

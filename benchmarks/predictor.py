@@ -34,7 +34,7 @@ import numpy as np
 
 from ..service.predictor.features import hash_texts
 from ..service.scheduling import strategies as strat
-from .sim import Learner, SimConfig, _observations
+from .sim import Learner, SimConfig, _observations, arm_strategy
 
 OPS = "+-*"
 OP_COST = np.array([0.0, 0.4, 1.2])
@@ -88,9 +88,9 @@ def run_arm(arm: str, cfg: SimConfig, target: float, retrain_every: int, fit_ste
         texts = [""] * len(texts)
     roll_rng = np.random.default_rng(cfg.seed + 1_000_003)
     B, n0 = cfg.batch, cfg.rollouts
-    name, _, variant = arm.partition("+")
-    params = dict(p.split("=") for p in variant.split(",")) if variant else {}
-    strategy = strat.build(name, params)
+    spec = arm_strategy(arm)
+    name = spec["name"]
+    strategy = strat.build(spec["name"], spec["params"])
     use_pred = bool(getattr(strategy.params, "predictor", False))
     pool = strategy.make_pool()
     pool.set_prompts(np.arange(cfg.prompts), learner.domain, np.full(cfg.prompts, np.nan))
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--retrain-every", type=int, default=20)
     ap.add_argument("--fit-steps", type=int, default=150)
     ap.add_argument("--arms", default="uniform,frontier,frontier+predictor=true,beta+hierarchical=true,"
-                    "beta+hierarchical=true,predictor=true")
+                    "beta+hierarchical=true&predictor=true")
     ap.add_argument("--no-text", action="store_true", help="control: prompts without text")
     ap.add_argument("--out", default="benchmarks/out/predictor")
     args = ap.parse_args(argv)

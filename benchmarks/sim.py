@@ -106,15 +106,28 @@ def _observations(idx, n, k, step) -> Observations:
     )
 
 
+def arm_strategy(arm: str) -> dict:
+    """An arm is a strategy name, optionally with parameters: ``frontier+thompson=true&cooldown=0``."""
+    name, _, variant = arm.partition("+")
+    params = {}
+    for kv in filter(None, variant.split("&")):
+        k, _, v = kv.partition("=")
+        try:
+            params[k] = json.loads(v)
+        except ValueError:
+            params[k] = v
+    return {"name": name, "params": params}
+
+
 def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     rng = np.random.default_rng(cfg.seed)  # the same world for every arm (paired seeds)
     learner = Learner(cfg, rng)
     roll_rng = np.random.default_rng(cfg.seed + 1_000_003)
     B, n0 = cfg.batch, cfg.rollouts
     budget = B * n0
-    name, _, variant = arm.partition("+")
-    params = dict(p.split("=") for p in variant.split(",")) if variant else {}
-    strategy = None if arm in ("dapo", "oracle") else strat.build(name, params)
+    spec = arm_strategy(arm)
+    name = spec["name"]
+    strategy = None if arm in ("dapo", "oracle") else strat.build(name, spec["params"])
     pool = strategy.make_pool() if strategy else PoolState()
     pool.set_prompts(np.arange(cfg.prompts), learner.domain, np.full(cfg.prompts, np.nan))
     used = informative = 0
