@@ -557,12 +557,8 @@ def _target(spec: str, rows: list[dict]) -> float:
 
 
 def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = sim.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms:

@@ -259,13 +259,22 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
               f"{s['wall_s']:.1f} |")
 
 
-def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, or None when matplotlib is missing
+    (plots are extras: ``pip install 'rollplan[bench]'``)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in arms:

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .api import inspect, keys, predictor, v1
 from .config import Settings
 from .engine import Engine
-from .errors import RollplanError, TooLarge
+from .errors import RollplanError, TooLarge, problem_body
 from .metrics import Metrics
 from .storage import migrate
 from .storage.db import make_engine, make_sessionmaker
@@ -29,11 +29,9 @@ PROBLEM_JSON = "application/problem+json"
 
 
 def _problem(status: int, title: str, detail: str, errors=None, headers=None) -> JSONResponse:
-    body = {"type": f"https://rollplan.dev/problems/{title.lower().replace(' ', '-')}", "title": title,
-            "status": status, "detail": detail}
-    if errors is not None:
-        body["errors"] = errors
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return JSONResponse(
+        problem_body(status, title, detail, errors), status_code=status, media_type=PROBLEM_JSON, headers=headers
+    )
 
 
 def _loc(loc: tuple) -> str:

@@ -16,15 +16,20 @@ class RollplanError(Exception):
         self.headers = headers
 
     def problem(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "type": f"https://rollplan.dev/problems/{self.title.lower().replace(' ', '-')}",
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-        }
-        if self.errors is not None:
-            body["errors"] = self.errors
-        return body
+        return problem_body(self.status, self.title, self.detail, self.errors)
+
+
+def problem_body(status: int, title: str, detail: str, errors: list | None = None) -> dict[str, Any]:
+    """An RFC 9457 problem document; every error answer of the service has this shape."""
+    body: dict[str, Any] = {
+        "type": f"https://rollplan.dev/problems/{title.lower().replace(' ', '-')}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return body
 
 
 class NotFound(RollplanError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import occurrence_rank
+from .util import grow, occurrence_rank
 
 
 class BetaPosterior:
@@ -28,12 +28,8 @@ class BetaPosterior:
         self.ev_failure_ = np.zeros(0, np.float64)
 
     def grow(self, size: int) -> None:
-        for name in ("ev_success_", "ev_failure_"):
-            a = getattr(self, name)
-            if a.shape[0] < size:
-                out = np.zeros(max(size, 2 * a.shape[0], 1024), np.float64)
-                out[: a.shape[0]] = a
-                setattr(self, name, out)
+        self.ev_success_ = grow(self.ev_success_, size, 0.0)
+        self.ev_failure_ = grow(self.ev_failure_, size, 0.0)
 
     def update(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
         """Apply groups in order; repeated ordinals are applied one after another."""

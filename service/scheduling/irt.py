@@ -41,21 +41,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import occurrence_rank
+from .util import grow, occurrence_rank
 
 _LOGIT_CLIP = 4.0
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-def _grow(a: np.ndarray, size: int, fill: float) -> np.ndarray:
-    if a.shape[0] >= size:
-        return a
-    out = np.full(max(size, 2 * a.shape[0], 1024), fill, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
 
 
 class SkillDifficultyModel:
@@ -82,9 +74,9 @@ class SkillDifficultyModel:
         self.dom_ = np.zeros((1, 3))
 
     def grow(self, size: int, n_domains: int) -> None:
-        self.mu_ = _grow(self.mu_, size, 0.0)
-        self.tau_ = _grow(self.tau_, size, 0.0)
-        self.seen_step_ = _grow(self.seen_step_, size, -1)
+        self.mu_ = grow(self.mu_, size, 0.0)
+        self.tau_ = grow(self.tau_, size, 0.0)
+        self.seen_step_ = grow(self.seen_step_, size, -1)
         if n_domains > self.theta_.shape[0]:
             k = n_domains - self.theta_.shape[0]
             self.theta_ = np.r_[self.theta_, np.zeros(k)]

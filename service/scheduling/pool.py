@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .beta import BetaPosterior
-from .util import occurrence_rank  # noqa: F401  (re-exported)
+from .util import grow, occurrence_rank  # noqa: F401  (occurrence_rank re-exported)
 
 
 @dataclass(frozen=True)
@@ -41,15 +41,6 @@ class Tracker(Protocol):
     def grow(self, size: int, n_domains: int) -> None: ...
 
     def observe(self, pool: PoolState, obs: Observations) -> None: ...
-
-
-def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
-    if a.shape[0] >= size:
-        return a
-    shape = (max(size, 2 * a.shape[0], 1024),) + a.shape[1:]
-    out = np.full(shape, fill, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
 
 
 # Columns of the per-domain moment sums used by the empirical-Bayes prior.
@@ -165,9 +156,9 @@ class PoolState:
             ("_pred_rel", np.nan),
             ("_pred_var", np.nan),
         ):
-            setattr(self, name, _grow(getattr(self, name), new_size, fill))
+            setattr(self, name, grow(getattr(self, name), new_size, fill))
         if new_domains > self._dom.shape[0]:
-            self._dom = _grow(self._dom, new_domains, 0.0)
+            self._dom = grow(self._dom, new_domains, 0.0)
         self.beta.grow(new_size)
         self.size, self.n_domains = new_size, new_domains
         for t in self.trackers.values():

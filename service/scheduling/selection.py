@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .util import grow
+
 __all__ = [
     "ReplayBuffer",
     "adarft_select",
@@ -175,15 +177,9 @@ class ReplayBuffer:
         self.next_seq_ = np.zeros(1, np.int64)
 
     def grow(self, size: int) -> None:
-        a = self.in_buffer_.shape[0]
-        if a >= size:
-            return
-        new = max(size, 2 * a, 1024)
-        for name, fill in (("in_buffer_", False), ("entered_step_", -1), ("seq_", -1)):
-            old = getattr(self, name)
-            out = np.full(new, fill, dtype=old.dtype)
-            out[:a] = old
-            setattr(self, name, out)
+        self.in_buffer_ = grow(self.in_buffer_, size, False)
+        self.entered_step_ = grow(self.entered_step_, size, -1)
+        self.seq_ = grow(self.seq_, size, -1)
 
     def __len__(self) -> int:
         return int(self.in_buffer_.sum())

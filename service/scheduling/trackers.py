@@ -12,7 +12,7 @@ from . import bandits, selection
 from .hmm import SolveStateHMM
 from .irt import SkillDifficultyModel, prior_logit
 from .pool import Observations, PoolState
-from .util import occurrence_rank
+from .util import grow, occurrence_rank
 
 
 def _staleness_weight(pool: PoolState, obs: Observations) -> np.ndarray:
@@ -151,10 +151,7 @@ class GRESOTracker:
         self.streak_ = np.zeros(0, np.int64)
 
     def grow(self, size: int, n_domains: int) -> None:
-        if self.streak_.shape[0] < size:
-            out = np.zeros(max(size, 2 * self.streak_.shape[0], 1024), np.int64)
-            out[: self.streak_.shape[0]] = self.streak_
-            self.streak_ = out
+        self.streak_ = grow(self.streak_, size, 0)
 
     def observe(self, pool: PoolState, obs: Observations) -> None:
         o = obs.ordinals

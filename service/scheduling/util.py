@@ -5,6 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
+    """``a`` with room for at least ``size`` rows (capacity doubling, new rows = ``fill``);
+    ``a`` itself when it is already large enough. State arrays keep a live part ``[:size]``."""
+    if a.shape[0] >= size:
+        return a
+    out = np.full((max(size, 2 * a.shape[0], 1024),) + a.shape[1:], fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
 def occurrence_rank(ordinals: np.ndarray) -> np.ndarray:
     """For each element, how many earlier elements carry the same ordinal.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -80,23 +80,17 @@ def _sqlite_writer_lock(url: str) -> threading.Lock:
 @contextmanager
 def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Session]:
     """A transaction that holds the run's lock from its first statement to commit."""
-    with factory() as session:
+    with factory() as session, ExitStack() as stack:
         bind = session.get_bind()
         if bind.dialect.name == "sqlite":
             # Writers of this process queue on a lock first: SQLite's own busy
             # handler polls with sleeps, which under many concurrent writers gave
             # multi-second tail latencies. BEGIN IMMEDIATE still guards against
             # other processes.
-            with _sqlite_writer_lock(str(bind.url)):
-                session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
-                try:
-                    yield session
-                    session.commit()
-                except BaseException:
-                    session.rollback()
-                    raise
-            return
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
+            stack.enter_context(_sqlite_writer_lock(str(bind.url)))
+            session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+        else:
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
         try:
             yield session
             session.commit()
