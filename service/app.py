@@ -3,6 +3,7 @@ are built in the lifespan and disposed on shutdown."""
 
 from __future__ import annotations
 
+import gc
 import time
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .api import inspect, keys, predictor, v1
+from .api.deps import add_raw_body_schemas
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge, problem_body
@@ -76,6 +78,34 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
+class RequestMetrics:
+    """Request count and latency per route template and status (pure ASGI: no extra
+    task or body streaming per request, unlike ``@app.middleware``)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.requests, self.latency = metrics.requests, metrics.latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_status(msg) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.latency.labels(scope["method"], path).observe(time.perf_counter() - t0)
+            self.requests.labels(scope["method"], path, str(status)).inc()
+
+
 def limits_description(settings: Settings) -> str:
     """The request limits of this server, for the OpenAPI document."""
     rows = [
@@ -114,6 +144,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             migrate.upgrade(settings.database_url)
         app.state.settings = settings
         app.state.engine = Engine(settings, make_sessionmaker(db), metrics=prom)
+        # The objects of start-up (modules, routes, schemas) live as long as the process:
+        # keep them out of the collector's full passes, which otherwise rescan them all
+        # while a report's thousands of short-lived objects come and go.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -131,20 +166,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(predictor.router)
     ui.mount(app)
     app.include_router(keys.router)
+    base_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_raw_body_schemas(base_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
-    requests, latency = prom.requests, prom.latency
-
-    @app.middleware("http")
-    async def _metrics(request: Request, call_next):
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        latency.labels(request.method, path).observe(time.perf_counter() - t0)
-        requests.labels(request.method, path, str(response.status_code)).inc()
-        return response
 
     @app.exception_handler(RollplanError)
     async def _rollplan_error(_: Request, exc: RollplanError):
@@ -193,4 +225,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         set ``PROMETHEUS_MULTIPROC_DIR``)."""
         return PlainTextResponse(prom.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]
+    return BodyLimit(RequestMetrics(app, prom), settings.max_body_bytes)  # type: ignore[return-value]

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from .predictor.trainer import PredictorManager
 from .scheduling import allocation
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
-from .storage.db import bulk_insert, write_session
+from .storage.db import bulk_insert, copy_text, write_session
 from .storage.models import (
     Plan,
     PlanExtension,
@@ -69,6 +70,44 @@ def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarra
     mad = np.add.reduceat(np.abs(dev), starts) / lengths
     sd = np.sqrt(np.add.reduceat(dev * dev, starts) / lengths)
     return np.where(sd > 1e-12, mad / np.where(sd > 1e-12, sd, 1.0), 0.0)
+
+
+def run_not_found(run_id: str) -> NotFound:
+    return NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
+
+
+def report_hash(step: int, plan_id: str | None, prompt_ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> str:
+    """Fingerprint of a report's content (a re-sent report must match it): step, plan,
+    prompt ids in order, group sizes and the rewards' exact float64 bits."""
+    h = hashlib.sha256(b"rollplan-report-v2\0")
+    h.update(json.dumps([step, plan_id, prompt_ids], separators=(",", ":")).encode())
+    h.update(lengths.astype("<i8").tobytes())
+    h.update(flat.astype("<f8").tobytes())
+    return h.hexdigest()
+
+
+def legacy_report_hash(body: schemas.ResultsIn) -> str:
+    """The fingerprint stored by versions before ``report_hash`` (checked only when the
+    new one differs, so a report acknowledged before an upgrade still deduplicates)."""
+    return hashlib.sha256(
+        json.dumps(
+            [body.step, body.plan_id, [[g.prompt_id, g.rewards] for g in body.results]], separators=(",", ":")
+        ).encode()
+    ).hexdigest()
+
+
+def rewards_json(flat: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Each group's rewards as JSON text. Verifiable rewards take few distinct values,
+    so each value is formatted once and groups are joined from the tokens."""
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    vals, inv = np.unique(flat, return_inverse=True)
+    if len(vals) > 256:
+        values = flat.tolist()
+        return [json.dumps(values[a:b]) for a, b in zip(starts, ends)]
+    tokens = [json.dumps(v) for v in vals.tolist()]
+    toks = [tokens[k] for k in inv.ravel().tolist()]
+    return ["[" + ", ".join(toks[a:b]) + "]" for a, b in zip(starts, ends)]
 
 
 def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
@@ -217,7 +256,7 @@ class Engine:
     def get_run(self, session: Session, run_id: str) -> Run:
         run = session.scalar(select(Run).where(Run.id == run_id))
         if run is None:
-            raise NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
+            raise run_not_found(run_id)
         return run
 
     def context(self, session: Session, run: Run) -> RunContext:
@@ -582,38 +621,48 @@ class Engine:
                 f"results: {len(groups)} groups exceed the limit of {cfg.max_results_per_report} "
                 "per report; split it into several reports with distinct report_ids"
             )
-        lengths = np.fromiter((len(g.rewards) for g in groups), dtype=np.int64, count=len(groups))
+        rewards = [g.rewards for g in groups]
+        prompt_ids = [g.prompt_id for g in groups]
+        lengths = np.fromiter(map(len, rewards), dtype=np.int64, count=len(groups))
         if lengths.max() > cfg.max_rewards_per_group:
             i = int(np.argmax(lengths > cfg.max_rewards_per_group))
             raise TooLarge(
                 f"results[{i}].rewards: {int(lengths[i])} rewards exceed the limit of "
                 f"{cfg.max_rewards_per_group} per group"
             )
-        flat = np.fromiter((r for g in groups for r in g.rewards), dtype=np.float64, count=int(lengths.sum()))
+        flat = np.fromiter(chain.from_iterable(rewards), dtype=np.float64, count=int(lengths.sum()))
         starts = np.r_[0, np.cumsum(lengths)[:-1]]
         sums = np.add.reduceat(flat, starts)
         gmax = np.maximum.reduceat(flat, starts)
         gmin = np.minimum.reduceat(flat, starts)
         abs_adv = group_abs_advantage(flat, starts, lengths, sums)
-        body_hash = hashlib.sha256(
-            json.dumps(
-                [body.step, body.plan_id, [[g.prompt_id, g.rewards] for g in groups]], separators=(",", ":")
-            ).encode()
-        ).hexdigest()
+        body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat)
+
+        texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
 
         with write_session(self.sessions, run_id) as s:
-            run = self.get_run(s, run_id)
-            prior = s.scalar(select(Report).where(Report.run_pk == run.pk, Report.report_id == body.report_id))
-            if prior is not None:
-                if prior.body_hash != body_hash:
+            # The run, this report_id's earlier report if any, and the run's latest
+            # step, in one round trip: this transaction holds the run's lock.
+            latest_step = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
+            step_known = select(RunStep.step).where(RunStep.run_pk == Run.pk, RunStep.step == body.step).exists()
+            row = s.execute(
+                select(Run, Report.n_groups, Report.body_hash, latest_step, step_known)
+                .outerjoin(Report, (Report.run_pk == Run.pk) & (Report.report_id == body.report_id))
+                .where(Run.id == run_id)
+            ).first()
+            if row is None:
+                raise run_not_found(run_id)
+            run, prior_groups, prior_hash, run_step, step_known = row
+            if prior_hash is not None:
+                if prior_hash != body_hash and prior_hash != legacy_report_hash(body):
                     raise Conflict(
                         f"report_id {body.report_id!r} was already used for a different report; "
                         "a re-sent report must be identical, a new one needs a new report_id"
                     )
-                return schemas.ResultsAck(accepted=prior.n_groups, duplicate=True)
+                return schemas.ResultsAck(accepted=prior_groups, duplicate=True)
             lo, hi = run.settings["reward_range"]
             ctx = self.context(s, run)
-            ordinals = ctx.lookup([g.prompt_id for g in groups])
+            ordinals = ctx.lookup(prompt_ids)
             bad = [(int(i), groups[i].prompt_id, "unknown prompt id") for i in np.flatnonzero(ordinals < 0)]
             bad += [
                 (int(i), groups[i].prompt_id, f"reward outside the run's reward_range [{lo}, {hi}]")
@@ -634,10 +683,10 @@ class Engine:
                     )
             seq = run.report_seq + 1
             informative = gmax != gmin
-            run_step = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_pk == run.pk))
             staleness = max(0, (run_step if run_step is not None else body.step) - body.step)
-            s.add(
-                Report(
+            # Core statements, not ORM units of work: the lock is held until commit.
+            s.execute(
+                insert(Report).values(
                     run_pk=run.pk,
                     report_seq=seq,
                     report_id=body.report_id,
@@ -647,15 +696,22 @@ class Engine:
                     n_groups=len(groups),
                 )
             )
-            s.flush()
             self._insert_results(
-                s, run.pk, seq, body.step, staleness, ordinals, lengths, sums, informative, abs_adv, groups
+                s, run.pk, seq, body.step, staleness, ordinals, lengths, sums, informative, abs_adv, texts
             )
-            self._mark_step(s, run.pk, body.step)
-            run.report_seq = seq
-            run.n_results += len(groups)
-            run.n_rollouts += int(lengths.sum())
-            run.n_informative_rollouts += int(lengths[informative].sum())
+            if not step_known:
+                self._mark_step(s, run.pk, body.step)
+            s.execute(
+                update(Run)
+                .where(Run.pk == run.pk)
+                .values(
+                    report_seq=seq,
+                    n_results=Run.n_results + len(groups),
+                    n_rollouts=Run.n_rollouts + int(lengths.sum()),
+                    n_informative_rollouts=Run.n_informative_rollouts + int(lengths[informative].sum()),
+                )
+                .execution_options(synchronize_session=False)
+            )
         # Committed. Apply to memory if nothing else got in between; otherwise the
         # next read refreshes from the log.
         if self.metrics is not None:
@@ -671,12 +727,26 @@ class Engine:
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)
 
     @staticmethod
-    def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, groups) -> None:
-        """The report's rows of the reward log, in one bulk write."""
-        cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist())
+    def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts) -> None:
+        """The report's rows of the reward log (``texts``: each group's rewards as JSON),
+        in one bulk write built column-wise: this is the ingestion hot path."""
+        if s.get_bind().dialect.name == "postgresql":
+            head = f"{run_pk}\t{seq}\t"
+            mid = f"\t{step}\t"
+            tail = f"\t{staleness}\t"
+            lines = [
+                f"{head}{i}\t{o}{mid}{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}{tail}{rw}\n"
+                for i, (o, n, r, inf, aa, rw) in enumerate(
+                    zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist(), texts)
+                )
+            ]
+            copy_text(s, "results", RESULT_COLUMNS, "".join(lines))
+            return
         rows = [
-            (run_pk, seq, i, o, step, n, r, inf, aa, staleness, json.dumps(g.rewards))
-            for i, ((o, n, r, inf, aa), g) in enumerate(zip(cols, groups))
+            (run_pk, seq, i, o, step, n, r, inf, aa, staleness, rw)
+            for i, (o, n, r, inf, aa, rw) in enumerate(
+                zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist(), texts)
+            )
         ]
         bulk_insert(s, "results", RESULT_COLUMNS, rows)
 

@@ -288,6 +288,45 @@ def test_duplicate_report_counted_once(client):
     assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 2
 
 
+def test_report_acknowledged_before_the_fingerprint_change_still_deduplicates(client, db_url):
+    """Reports stored by earlier versions carry the older body fingerprint: an identical
+    resend is still a duplicate, a different body still a 409."""
+    import sqlalchemy as sa
+
+    from rollplan.service.api.schemas import ResultsIn
+    from rollplan.service.engine import legacy_report_hash
+
+    make_run(client)
+    groups = [("set/1", [1, 0]), ("set/2", [0.25, 1])]
+    assert report(client, "old", 3, groups).json()["duplicate"] is False
+    body = ResultsIn.model_validate(
+        {"report_id": "old", "step": 3, "results": [{"prompt_id": p, "rewards": r} for p, r in groups]}
+    )
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE reports SET body_hash = :h WHERE report_id = 'old'"), {"h": legacy_report_hash(body)})
+    engine.dispose()
+    assert report(client, "old", 3, groups).json() == {"accepted": 2, "duplicate": True}
+    assert_problem(report(client, "old", 3, [("set/1", [1, 0]), ("set/2", [0.25, 0])]), 409)
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 2
+
+
+def test_rewards_stored_exactly(client):
+    """Continuous rewards (many distinct values) and the few-values fast path both
+    round-trip exactly through the reward log."""
+    import numpy as np
+
+    make_run(client)
+    rng = np.random.default_rng(3)
+    many = [(f"set/{i}", rng.random(8).tolist()) for i in range(40)]  # 320 distinct values
+    few = [(f"set/{i}", [1.0, 0.0, 0.5, 1e-300, -0.0][: 1 + i % 5]) for i in range(40, 50)]
+    assert report(client, "many", 0, many).status_code == 200
+    assert report(client, "few", 1, few).status_code == 200
+    for pid, rewards in many[:3] + few:
+        hist = client.get(f"/v1/runs/run-1/prompts/{pid}").json()["history"]
+        assert hist[-1]["rewards"] == rewards, pid
+
+
 @pytest.mark.parametrize(
     "groups, needles",
     [

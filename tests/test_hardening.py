@@ -102,6 +102,10 @@ def test_limits_documented_in_openapi(make_client):
     assert "max_prompts_per_request" in schemas["PromptsIn"]["properties"]["prompts"]["description"]
     assert "max_metadata_bytes" in schemas["RunIn"]["properties"]["metadata"]["description"]
     assert schemas["ResultsIn"]["properties"]["step"]["maximum"] == 2**53 - 1
+    # The results body is parsed from the raw bytes, and still documented as ResultsIn.
+    body = spec["paths"]["/v1/runs/{run_id}/results"]["post"]["requestBody"]
+    assert body["required"] and body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ResultsIn"}
+    assert schemas["ResultsIn"]["properties"]["results"]["items"] == {"$ref": "#/components/schemas/GroupIn"}
     for path, op in [("/v1/runs/{run_id}/prompts", "post"), ("/v1/runs/{run_id}/results", "post"),
                      ("/v1/runs/{run_id}", "put"), ("/v1/runs/{run_id}/plans", "post")]:
         responses = spec["paths"][path][op]["responses"]

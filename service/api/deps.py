@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
 from ..config import Settings
@@ -42,8 +44,10 @@ def auth_enabled(request: Request) -> bool:
         return True
     on = bool(state.settings.api_keys)
     if not on:
-        with state.engine.sessions() as s:
-            on = auth.any_stored_key(s)
+        # Checked on every request while off (a key made by the CLI takes effect at
+        # once): one pooled connection and one indexed probe, no ORM session.
+        with state.engine.sessions.kw["bind"].connect() as conn:
+            on = conn.execute(auth.ANY_KEY).first() is not None
     state.auth_on = on
     return on
 
@@ -109,3 +113,42 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 AuthDep = Annotated[auth.Principal, Depends(by_method)]
 ReadAuthDep = Annotated[auth.Principal, Depends(require_read)]
+
+
+# Models read by ``json_body``: the OpenAPI document gets their schemas from here.
+RAW_BODY_MODELS: list[type[BaseModel]] = []
+
+
+def json_body(model: type[BaseModel]):
+    """A request-body dependency that parses and validates the raw bytes in one pass
+    (pydantic's own JSON parser) instead of FastAPI's ``json.loads`` followed by a
+    validation of the Python objects: about 4x less CPU for a report of 8,192 rewards,
+    the ingestion hot path. Errors are the same 422 as for any other body."""
+    RAW_BODY_MODELS.append(model)
+
+    async def parse(request: Request):
+        raw = await request.body()
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as e:
+            errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_context=False)]
+            raise RequestValidationError(errors) from None
+
+    return parse
+
+
+def json_body_openapi(model: type[BaseModel]) -> dict:
+    """The ``openapi_extra`` that documents a ``json_body`` route's body."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def add_raw_body_schemas(openapi: dict) -> dict:
+    """Put the ``json_body`` models (and the models they use) into the components."""
+    comps = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for model in RAW_BODY_MODELS:
+        sch = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in sch.pop("$defs", {}).items():
+            comps.setdefault(name, sub)
+        comps.setdefault(model.__name__, sch)
+    return openapi

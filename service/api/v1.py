@@ -17,7 +17,7 @@ from ..errors import Invalid, NotFound, TooLarge
 from ..scheduling import strategies as strat
 from ..storage.models import Prompt, Result, Run
 from . import schemas
-from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method
+from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method, json_body, json_body_openapi
 
 PROBLEM = {"content": {"application/problem+json": {}}}
 # What any /v1 route may answer before it runs: auth, and a body that is not JSON at all.
@@ -290,8 +290,17 @@ def extend_plan(
 
 
 # -- results --------------------------------------------------------------------------
-@router.post("/runs/{run_id}/results", response_model=schemas.ResultsAck, responses=RESPONSES, tags=["results"])
-def report_results(run_id: RunIdPath, body: schemas.ResultsIn, engine: EngineDep):
+ResultsBody = Annotated[schemas.ResultsIn, Depends(json_body(schemas.ResultsIn))]
+
+
+@router.post(
+    "/runs/{run_id}/results",
+    response_model=schemas.ResultsAck,
+    responses=RESPONSES,
+    tags=["results"],
+    openapi_extra=json_body_openapi(schemas.ResultsIn),
+)
+def report_results(run_id: RunIdPath, body: ResultsBody, engine: EngineDep):
     """Report the rewards of rolled-out groups. All-or-nothing; idempotent by `report_id`;
     a 200 means the rewards are committed."""
     return engine.report(run_id, body)

@@ -113,16 +113,20 @@ def _copy_text(value) -> str:
     return s
 
 
+def copy_text(session: Session, table: str, columns: tuple[str, ...], data: str) -> None:
+    """PostgreSQL ``COPY ... FROM STDIN`` of rows already in COPY text format."""
+    dbapi = session.connection().connection.dbapi_connection
+    with dbapi.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as cp:
+        cp.write(data)
+
+
 def bulk_insert(session: Session, table: str, columns: tuple[str, ...], rows: list[tuple]) -> None:
     """Insert many rows in one round trip: COPY on PostgreSQL, one executemany on SQLite.
     JSON columns take already-serialised text."""
     if not rows:
         return
     if session.get_bind().dialect.name == "postgresql":
-        text_rows = "".join("\t".join(map(_copy_text, r)) + "\n" for r in rows)
-        dbapi = session.connection().connection.dbapi_connection
-        with dbapi.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as cp:
-            cp.write(text_rows)
+        copy_text(session, table, columns, "".join("\t".join(map(_copy_text, r)) + "\n" for r in rows))
         return
     marks = ", ".join("?" * len(columns))
     session.connection().exec_driver_sql(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
