@@ -563,15 +563,13 @@ class Engine:
 
     @staticmethod
     def _insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted) -> None:
-        rows = [
-            (plan_id, first + i, o, r, p, phase)
-            for i, (o, r, p) in enumerate(
-                zip(np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist())
-            )
-        ]
-        bulk_insert(
-            s, "plan_items", ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase"), rows
-        )
+        cols = (np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted, dtype=float).tolist())
+        names = ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase")
+        if s.get_bind().dialect.name == "postgresql":  # COPY text built in one pass (a plan has thousands of items)
+            lines = [f"{plan_id}\t{first + i}\t{o}\t{r}\t{p!r}\t{phase}\n" for i, (o, r, p) in enumerate(zip(*cols))]
+            copy_text(s, "plan_items", names, "".join(lines))
+            return
+        bulk_insert(s, "plan_items", names, [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))])
 
     def _extension_out(self, s: Session, ctx: RunContext, plan: Plan, extra_budget: int) -> schemas.ExtendOut:
         rows = s.execute(

@@ -101,9 +101,9 @@ class Plan(Base):
 class PlanItem(Base):
     __tablename__ = "plan_items"
 
-    plan_id: Mapped[str] = mapped_column(
-        ForeignKey("plans.id", ondelete="CASCADE"), primary_key=True
-    )
+    # No foreign key (migration 0006): items are written only with their plan, in its
+    # transaction, and a per-row check cost more than the COPY of a plan's items.
+    plan_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
     prompt_ordinal: Mapped[int] = mapped_column(Integer, nullable=False)
     rollouts: Mapped[int] = mapped_column(Integer, nullable=False)
