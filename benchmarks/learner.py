@@ -278,6 +278,11 @@ class World:
         self.pool = build_problems(rng, rng.choice(levels, cfg.prompts), cfg.width, cfg.broken, device)
         self.heldout = build_problems(rng, rng.choice(levels, cfg.heldout), cfg.width, 0.0, device)
         self.ids = [f"L{lv}/{i}" for i, lv in enumerate(self.pool.level)]
+        # The prompt's text as the policy reads it: its digit-pair tokens, least significant
+        # first ("37 52 …" = a₀b₀ a₁b₁ …), sent to the service (the learned predictor's input).
+        pairs = (self.pool.prompt[:, :-1].cpu().numpy() - PAIR0).astype(str)
+        pairs = np.char.zfill(pairs, 2)
+        self.texts = [" ".join(row[:lv]) for row, lv in zip(pairs, self.pool.level)]
         self.index = {pid: i for i, pid in enumerate(self.ids)}
 
 
@@ -336,8 +341,8 @@ def run_arm(job: dict) -> dict:
         run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
         rp.put_run(run_id, strategy={"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm), rollouts_per_prompt=n0,
                    min_rollouts=1, max_rollouts=max(64, n0))
-        rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}"} for pid, lv in zip(world.ids, world.pool.level)],
-                          progress=False)
+        rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}", "text": text}
+                                   for pid, lv, text in zip(world.ids, world.pool.level, world.texts)], progress=False)
         return _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id)
 
 
@@ -353,6 +358,9 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
     picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
+    # Exact pass rates (teacher forcing, not rollouts) of the prompts each step rolled out:
+    # where the batch sat — too hard (p < 0.02), in reach, or solved (p > 0.98).
+    true_p_bins = np.zeros((2, 3), np.int64)  # [first time trained, trained before] × bin
     for step in range(cfg.steps):
         if step % cfg.eval_every == 0:
             model.eval()
@@ -405,6 +413,11 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
         used += step_used
         informative += step_inf
         if idx.size:
+            if arm != "dapo":
+                model.eval()
+                tp = model.pass_rate(world.pool.prompt[torch.as_tensor(idx, device=device)],
+                                     world.pool.label[torch.as_tensor(idx, device=device)])
+                np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
             np.add.at(picks, idx, 1)
         eff_per_step.append(step_inf / max(step_used, 1))
         model.train()
@@ -425,6 +438,10 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
                                    for lv in np.unique(world.pool.level)},
         "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
         "distinct_prompts_trained": int((picks > 0).sum()),
+        "trained_true_pass_rate_share": {
+            who: dict(zip(("below_0.02", "0.02_to_0.98", "above_0.98"), (row / max(true_p_bins.sum(), 1)).round(4).tolist()))
+            for who, row in (("first_time", true_p_bins[0]), ("seen_before", true_p_bins[1]))
+        },
         "effective_per_step": eff_per_step,
     }
 

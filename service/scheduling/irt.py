@@ -59,7 +59,9 @@ class SkillDifficultyModel:
         difficulty_drift: float = 0.002,
         prior_var: float = 4.0,
         min_skill_var: float = 0.005,
+        skill_transfer: float = 1.0,
     ) -> None:
+        self.skill_transfer = skill_transfer
         self.skill_drift = skill_drift
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
@@ -67,6 +69,7 @@ class SkillDifficultyModel:
         self.mu_ = np.zeros(0)
         self.tau_ = np.zeros(0)  # 0 = never seen
         self.seen_step_ = np.zeros(0, np.int64)
+        self.skill_seen_ = np.zeros(0)  # the domain's skill when the prompt was last updated
         self.theta_ = np.zeros(1)
         self.theta_var_ = np.full(1, 1.0)
         self.theta_step_ = np.full(1, -1, np.int64)
@@ -77,6 +80,7 @@ class SkillDifficultyModel:
         self.mu_ = grow(self.mu_, size, 0.0)
         self.tau_ = grow(self.tau_, size, 0.0)
         self.seen_step_ = grow(self.seen_step_, size, -1)
+        self.skill_seen_ = grow(self.skill_seen_, size, 0.0)
         if n_domains > self.theta_.shape[0]:
             k = n_domains - self.theta_.shape[0]
             self.theta_ = np.r_[self.theta_, np.zeros(k)]
@@ -110,6 +114,17 @@ class SkillDifficultyModel:
         var_seen = 1.0 / np.where(seen, self.tau_[o], 1.0) + self.difficulty_drift * gap
         return np.where(seen, self.mu_[o], mu0), np.where(seen, var_seen, var0)
 
+    def _prompt_skill(self, o: np.ndarray, th: np.ndarray) -> np.ndarray:
+        """The skill that applies to prompts ``o`` given their domain's skill ``th``: a
+        seen prompt gets only ``skill_transfer`` of the domain's gain since its last
+        update (1 = all of it, the plain model: a prompt the policy still fails does not
+        get easier because its level's other prompts did)."""
+        if self.skill_transfer == 1.0:
+            return th
+        seen = self.tau_[o] > 0
+        base = self.skill_seen_[o]
+        return np.where(seen, base + self.skill_transfer * (th - base), th)
+
     def _skill(self, d: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         gap = np.where(self.theta_step_[d] >= 0, np.maximum(np.asarray(step) - self.theta_step_[d], 0), 0)
         return self.theta_[d], self.theta_var_[d] + self.skill_drift * gap
@@ -142,19 +157,31 @@ class SkillDifficultyModel:
         self.theta_ = np.where(touched, self.theta_ + np.clip(g * new_var, -1.0, 1.0), self.theta_)
         self.theta_var_ = np.where(touched, new_var, self.theta_var_)
         self.theta_step_ = np.where(touched, np.maximum(self.theta_step_, last), self.theta_step_)
-        # Prompt difficulty: Laplace update from its belief (prior or drifted posterior).
+        # Prompt difficulty: Laplace update from its belief (prior or drifted posterior),
+        # at the logit the prompt is predicted at (its own skill when skill_transfer < 1).
+        # Stored relative to the domain's skill now (``skill_seen_``), so that right after
+        # the update the prompt sits at its updated logit.
+        shift = 0.0
+        if self.skill_transfer != 1.0:
+            own = self._prompt_skill(o, th)
+            p = _sigmoid(own - mu)
+            resid = k - n * p
+            info = n * p * (1 - p)
+            shift = th - own
         tau = 1.0 / var + info
-        new_mu = mu - np.clip(resid / tau, -2.0, 2.0)
+        new_mu = mu - np.clip(resid / tau, -2.0, 2.0) + shift
         was_seen = self.tau_[o] > 0
         old = np.stack([was_seen.astype(float), np.where(was_seen, self.mu_[o], 0.0),
                         np.where(was_seen, self.mu_[o] ** 2, 0.0)], axis=1)
         self.mu_[o] = new_mu
         self.tau_[o] = tau
         self.seen_step_[o] = np.maximum(self.seen_step_[o], step)
+        self.skill_seen_[o] = th
         new = np.stack([np.ones(o.size), new_mu, new_mu**2], axis=1)
         np.add.at(self.dom_, d, new - old)
 
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
+        self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - self.skill_seen_[o])
         seen = self.tau_[o] > 0
         c = np.stack([seen.astype(float), np.where(seen, self.mu_[o], 0), np.where(seen, self.mu_[o] ** 2, 0)], 1)
         np.add.at(self.dom_, old_d, -c)
@@ -167,7 +194,7 @@ class SkillDifficultyModel:
         """Mean and variance of θ_d − b_i at ``step``."""
         mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
-        return th - mu, var + th_var
+        return self._prompt_skill(o, th) - mu, var + th_var
 
     def predict(self, o, d, prior_logit, step, pred=None) -> np.ndarray:
         x, v = self.logit(o, d, prior_logit, step, pred)

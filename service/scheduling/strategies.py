@@ -216,6 +216,14 @@ class FrontierParams(StrategyParams):
         0.002, ge=0.0, le=10.0, description="Variance added to a prompt's difficulty per step unseen."
     )
     candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6, description="Candidate pool as a multiple of the batch.")
+    skill_transfer: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of its domain's skill gain since a prompt was last seen that its own prediction "
+        "takes (1: all, the plain item-response model; less: a prompt's own history weighs more than "
+        "its level's trend — broken and still-unsolved prompts stop looking easier as the level improves).",
+    )
     thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
     cooldown: int = Field(
         4,
@@ -245,7 +253,11 @@ class Frontier(Strategy):
     def make_pool(self) -> PoolState:
         p: FrontierParams = self.params  # type: ignore[assignment]
         pool = PoolState(use_predictor=p.predictor)
-        model = SkillDifficultyModel(skill_drift=p.skill_drift, difficulty_drift=p.difficulty_drift)
+        model = SkillDifficultyModel(
+            skill_drift=p.skill_drift,
+            difficulty_drift=p.difficulty_drift,
+            skill_transfer=p.skill_transfer,
+        )
         pool.trackers["skill"] = SkillTracker(model)
         return pool
 
@@ -262,10 +274,7 @@ class Frontier(Strategy):
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
-        if p.thompson:
-            theta = tracker.sample(pool, cand, step, rng)
-        else:
-            theta = tracker.predict(pool, cand, step)
+        theta = tracker.sample(pool, cand, step, rng) if p.thompson else tracker.predict(pool, cand, step)
         score = selection.informative_prob(theta, req.rollout_budget / B)
         if p.cooldown:
             last = pool.last_step[cand]
