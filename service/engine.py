@@ -72,6 +72,33 @@ def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarra
     return np.where(sd > 1e-12, mad / np.where(sd > 1e-12, sd, 1.0), 0.0)
 
 
+@dataclass
+class PlanJSON:
+    """A plan as the API answers it (the PlanOut shape), serialised in one pass: a plan
+    has thousands of items, and building then dumping a dict per item cost more than
+    planning. Prompt ids match PROMPT_ID_PATTERN, so they need no JSON escaping."""
+
+    head: dict[str, Any]
+    prompt_ids: list[str]
+    rollouts: list[int]
+    predicted: np.ndarray
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.head, "items": [
+            {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p}
+            for i, r, p in zip(self.prompt_ids, self.rollouts, self.predicted.tolist())
+        ]}
+
+    def to_json(self) -> bytes:
+        if not np.isfinite(self.predicted).all():  # not expected; json then refuses rather than emit NaN
+            return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":")).encode()
+        items = ",".join(
+            f'{{"prompt_id":"{i}","rollouts":{r},"predicted_pass_rate":{p!r}}}'
+            for i, r, p in zip(self.prompt_ids, self.rollouts, self.predicted.tolist())
+        )
+        return (json.dumps(self.head, separators=(",", ":"))[:-1] + f',"items":[{items}]}}').encode()
+
+
 def run_not_found(run_id: str) -> NotFound:
     return NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
 
@@ -452,7 +479,7 @@ class Engine:
             todo[i]["prior_strength"] = min(aa + bb, WARM_START_MAX_STRENGTH)
 
     # -- plans --------------------------------------------------------------------
-    def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, dict[str, Any]]:
+    def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, PlanJSON]:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
         with write_session(self.sessions, run_id) as s:
@@ -583,7 +610,7 @@ class Engine:
             items=items,
         )
 
-    def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> dict[str, Any]:
+    def _load_plan(self, s: Session, ctx: RunContext, plan: Plan) -> PlanJSON:
         rows = s.execute(
             select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
             .where(PlanItem.plan_id == plan.id, PlanItem.phase == 0)
@@ -593,22 +620,20 @@ class Engine:
         return self._plan_out(ctx, plan, o, r, p)
 
     @staticmethod
-    def _plan_out(ctx: RunContext, plan: Plan, ordinals, rollouts, predicted) -> dict[str, Any]:
-        """The plan as the API answers it (built as plain data: a plan has thousands of items)."""
+    def _plan_out(ctx: RunContext, plan: Plan, ordinals, rollouts, predicted) -> PlanJSON:
         ids = ctx.ids
-        return {
-            "plan_id": plan.id,
-            "step": plan.step,
-            "strategy": plan.strategy,
-            "batch_size": plan.batch_size,
-            "rollout_budget": plan.rollout_budget,
-            "items": [
-                {"prompt_id": ids[o], "rollouts": r, "predicted_pass_rate": p}
-                for o, r, p in zip(
-                    np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted).tolist()
-                )
-            ],
-        }
+        return PlanJSON(
+            {
+                "plan_id": plan.id,
+                "step": plan.step,
+                "strategy": plan.strategy,
+                "batch_size": plan.batch_size,
+                "rollout_budget": plan.rollout_budget,
+            },
+            [ids[o] for o in np.asarray(ordinals).tolist()],
+            np.asarray(rollouts).tolist(),
+            np.asarray(predicted, dtype=np.float64),
+        )
 
     # -- results ------------------------------------------------------------------
     def report(self, run_id: str, body: schemas.ResultsIn) -> schemas.ResultsAck:

@@ -46,7 +46,7 @@ def auth_enabled(request: Request) -> bool:
     if not on:
         # Checked on every request while off (a key made by the CLI takes effect at
         # once): one pooled connection and one indexed probe, no ORM session.
-        with state.engine.sessions.kw["bind"].connect() as conn:
+        with state.db.connect() as conn:
             on = conn.execute(auth.ANY_KEY).first() is not None
     state.auth_on = on
     return on

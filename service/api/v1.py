@@ -9,7 +9,6 @@ import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
-from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
 from ..engine import current_strategy
@@ -262,8 +261,9 @@ def create_plan(run_id: RunIdPath, body: schemas.PlanIn, engine: EngineDep, resp
     """Which prompts to roll out at a step, and how many rollouts each. The same step
     asked again returns the same stored plan (200); with a different body, 409."""
     created, plan = engine.plan(run_id, body)
-    # Built by the engine in the PlanOut shape; answered without re-validating every item.
-    return JSONResponse(plan, status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+    # Serialised by the engine in the PlanOut shape; answered without re-validating every item.
+    return Response(plan.to_json(), status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                    media_type="application/json")
 
 
 @router.post(
