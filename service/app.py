@@ -189,6 +189,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
+    app.add_middleware(RequestMetrics, metrics=prom)
 
     @app.exception_handler(RollplanError)
     async def _rollplan_error(_: Request, exc: RollplanError):
@@ -237,4 +238,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         set ``PROMETHEUS_MULTIPROC_DIR``)."""
         return PlainTextResponse(prom.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    return BodyLimit(RequestMetrics(app, prom), settings.max_body_bytes)  # type: ignore[return-value]
+    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]

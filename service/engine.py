@@ -735,8 +735,13 @@ class Engine:
                 )
                 .execution_options(synchronize_session=False)
             )
-        # Committed. Apply to memory if nothing else got in between; otherwise the
-        # next read refreshes from the log.
+        # Committed. The run's counters were updated in SQL: mirror them on the (now
+        # detached) row, which the predictor reads. Apply the report to memory if nothing
+        # else got in between; otherwise the next read refreshes from the log.
+        run.report_seq = seq
+        run.n_results += len(groups)
+        run.n_rollouts += int(lengths.sum())
+        run.n_informative_rollouts += int(lengths[informative].sum())
         if self.metrics is not None:
             self.metrics.observe_ingest(len(groups), int(lengths.sum()))
         with ctx.lock:
