@@ -3,7 +3,8 @@ SQLite and PostgreSQL, through a real ``rollplan serve`` process over HTTP.
 
     python -m rollplan.benchmarks.speed [--smoke] [--out DIR] [--pools 10000,100000]
 
-Prints markdown tables and writes ``speed.json`` to ``--out``. Floors measured
+Prints markdown tables and writes ``speed.json`` and ``speed_latency.png`` (plan p50 against
+pool size, log–log, with the floor) to ``--out``. Floors measured
 in the same run sit next to each figure: one ``numpy.argpartition`` over the
 pool (the least any top-k plan must do) and raw psycopg ``COPY`` of the same
 reward rows into the same PostgreSQL.
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
                     print(f"raw COPY postgres {rate:>12,.0f} rewards/s", flush=True)
 
     _print_tables(results)
+    plot_latency(results, out / "speed_latency.png")
     (out / "speed.json").write_text(json.dumps(results, indent=2))
     print(f"\nwrote {out / 'speed.json'}")
     return results
@@ -268,6 +270,38 @@ def main(argv: list[str] | None = None) -> dict:
 @contextmanager
 def _sqlite_url(tmpdir: Path):
     yield f"sqlite:///{tmpdir / 'bench.db'}"
+
+
+def plot_latency(res: dict, path: Path) -> None:
+    """Plan p50 (new and stored) against pool size per database and strategy, with the
+    argpartition floor measured in the same run (log–log)."""
+    from .sim import pyplot
+
+    plt = pyplot()
+    if plt is None or not res["plans"]:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = sorted({(r["db"], r["strategy"]) for r in res["plans"]})
+    for db, strategy in keys:
+        rows = sorted((r for r in res["plans"] if (r["db"], r["strategy"]) == (db, strategy)), key=lambda r: r["pool"])
+        x = [r["pool"] for r in rows]
+        line, = ax.plot(x, [1e3 * r["new_plan_p50_s"] for r in rows], marker="o", label=f"{db} {strategy}: new plan")
+        ax.plot(x, [1e3 * r["stored_plan_p50_s"] for r in rows], marker=".", ls=":", color=line.get_color(),
+                label=f"{db} {strategy}: stored plan")
+    floor = {}
+    for r in res["plans"]:
+        floor.setdefault(r["pool"], []).append(r["argpartition_floor_s"])
+    x = sorted(floor)
+    ax.plot(x, [1e3 * min(floor[p]) for p in x], "k--", label="one argpartition over the pool")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("pool size (prompts)")
+    ax.set_ylabel("p50 latency (ms)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _print_tables(res: dict) -> None:

@@ -121,3 +121,20 @@ def test_no_torch_in_the_service():
             "rollplan.benchmarks.sim, rollplan.benchmarks.speed; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_speed_latency_plot_is_written(tmp_path):
+    """The speed benchmark's latency-against-pool-size plot, from a result of its shape."""
+    pytest.importorskip("matplotlib")
+    from rollplan.benchmarks.speed import plot_latency
+
+    plans = [
+        {"db": db, "strategy": "default", "pool": n, "new_plan_p50_s": 0.01 * k, "stored_plan_p50_s": 0.005 * k,
+         "argpartition_floor_s": 1e-6 * n}
+        for db in ("sqlite", "postgres") for k, n in enumerate((10_000, 100_000, 1_000_000), start=1)
+    ]
+    out = tmp_path / "speed_latency.png"
+    plot_latency({"plans": plans}, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    plot_latency({"plans": []}, tmp_path / "none.png")  # nothing measured: no file, no error
+    assert not (tmp_path / "none.png").exists()
