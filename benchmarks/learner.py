@@ -574,23 +574,14 @@ def _target(spec: str, rows: list[dict]) -> float:
 
 
 def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:
-    plt = sim.pyplot()
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms:
-        e = np.mean([r["effective_per_step"] for r in rows if r["arm"] == arm], axis=0)
-        w = max(1, e.size // 40)
-        ax.plot(np.convolve(e, np.ones(w) / w, mode="valid"), label=arm)
-    ax.set_xlabel("step")
-    ax.set_ylabel("effective ratio (moving mean)")
-    ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
+    with sim.axes(path, "step", "effective ratio (moving mean)") as ax:
+        if ax is None:
+            return
+        for arm in arms:
+            e = np.mean([r["effective_per_step"] for r in rows if r["arm"] == arm], axis=0)
+            w = max(1, e.size // 40)
+            ax.plot(np.convolve(e, np.ones(w) / w, mode="valid"), label=arm)
+        ax.set_ylim(0, 1.02)
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,23 +273,35 @@ def pyplot():
     return plt
 
 
-def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
+@contextmanager
+def axes(path: Path, xlabel: str, ylabel: str, **grid):
+    """The axes of one benchmark plot (7 × 4.5 in), labelled, with legend and grid, saved
+    to ``path`` on exit; None when matplotlib is missing (nothing is written)."""
     plt = pyplot()
     if plt is None:
+        yield None
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm in arms:
-        curves = [np.array(r["curve"], dtype=float) for r in rows if r["arm"] == arm]
-        # Mean over seeds at each evaluation; an arm's rollouts per step can vary by seed (DAPO), so x is averaged too.
-        ax.plot(np.mean([c[:, 1] for c in curves], axis=0), np.mean([c[:, 2] for c in curves], axis=0), label=arm)
-    ax.set_xlabel("cumulative rollouts")
-    ax.set_ylabel("held-out accuracy (exact)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, **grid)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
 
+
+def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
+    with axes(path, "cumulative rollouts", "held-out accuracy (exact)") as ax:
+        if ax is None:
+            return
+        for arm in arms:
+            curves = [np.array(r["curve"], dtype=float) for r in rows if r["arm"] == arm]
+            # Mean over seeds at each evaluation; an arm's rollouts per step can vary by seed (DAPO), so x is averaged too.
+            ax.plot(np.mean([c[:, 1] for c in curves], axis=0), np.mean([c[:, 2] for c in curves], axis=0), label=arm)
 
 if __name__ == "__main__":
     main()

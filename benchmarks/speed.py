@@ -275,33 +275,26 @@ def _sqlite_url(tmpdir: Path):
 def plot_latency(res: dict, path: Path) -> None:
     """Plan p50 (new and stored) against pool size per database and strategy, with the
     argpartition floor measured in the same run (log–log)."""
-    from .sim import pyplot
+    from .sim import axes
 
-    plt = pyplot()
-    if plt is None or not res["plans"]:
+    if not res["plans"]:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({(r["db"], r["strategy"]) for r in res["plans"]})
-    for db, strategy in keys:
-        rows = sorted((r for r in res["plans"] if (r["db"], r["strategy"]) == (db, strategy)), key=lambda r: r["pool"])
-        x = [r["pool"] for r in rows]
-        line, = ax.plot(x, [1e3 * r["new_plan_p50_s"] for r in rows], marker="o", label=f"{db} {strategy}: new plan")
-        ax.plot(x, [1e3 * r["stored_plan_p50_s"] for r in rows], marker=".", ls=":", color=line.get_color(),
-                label=f"{db} {strategy}: stored plan")
-    floor = {}
-    for r in res["plans"]:
-        floor.setdefault(r["pool"], []).append(r["argpartition_floor_s"])
-    x = sorted(floor)
-    ax.plot(x, [1e3 * min(floor[p]) for p in x], "k--", label="one argpartition over the pool")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("pool size (prompts)")
-    ax.set_ylabel("p50 latency (ms)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with axes(path, "pool size (prompts)", "p50 latency (ms)", which="both") as ax:
+        if ax is None:
+            return
+        for db, strategy in sorted({(r["db"], r["strategy"]) for r in res["plans"]}):
+            rows = sorted((r for r in res["plans"] if (r["db"], r["strategy"]) == (db, strategy)), key=lambda r: r["pool"])
+            x = [r["pool"] for r in rows]
+            line, = ax.plot(x, [1e3 * r["new_plan_p50_s"] for r in rows], marker="o", label=f"{db} {strategy}: new plan")
+            ax.plot(x, [1e3 * r["stored_plan_p50_s"] for r in rows], marker=".", ls=":", color=line.get_color(),
+                    label=f"{db} {strategy}: stored plan")
+        floor: dict[int, list[float]] = {}
+        for r in res["plans"]:
+            floor.setdefault(r["pool"], []).append(r["argpartition_floor_s"])
+        x = sorted(floor)
+        ax.plot(x, [1e3 * min(floor[p]) for p in x], "k--", label="one argpartition over the pool")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
 
 
 def _print_tables(res: dict) -> None:

@@ -707,6 +707,7 @@ class Engine:
             seq = run.report_seq + 1
             informative = gmax != gmin
             staleness = max(0, (run_step if run_step is not None else body.step) - body.step)
+            n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
             # Core statements, not ORM units of work: the lock is held until commit.
             s.execute(
                 insert(Report).values(
@@ -730,8 +731,8 @@ class Engine:
                 .values(
                     report_seq=seq,
                     n_results=Run.n_results + len(groups),
-                    n_rollouts=Run.n_rollouts + int(lengths.sum()),
-                    n_informative_rollouts=Run.n_informative_rollouts + int(lengths[informative].sum()),
+                    n_rollouts=Run.n_rollouts + n_rollouts,
+                    n_informative_rollouts=Run.n_informative_rollouts + n_informative,
                 )
                 .execution_options(synchronize_session=False)
             )
@@ -740,10 +741,10 @@ class Engine:
         # else got in between; otherwise the next read refreshes from the log.
         run.report_seq = seq
         run.n_results += len(groups)
-        run.n_rollouts += int(lengths.sum())
-        run.n_informative_rollouts += int(lengths[informative].sum())
+        run.n_rollouts += n_rollouts
+        run.n_informative_rollouts += n_informative
         if self.metrics is not None:
-            self.metrics.observe_ingest(len(groups), int(lengths.sum()))
+            self.metrics.observe_ingest(len(groups), n_rollouts)
         with ctx.lock:
             if ctx.report_seq == seq - 1:
                 k = len(groups)
