@@ -26,14 +26,46 @@ oracle arm and the held-out evaluation and is never counted as rollouts.
 
 Arms, all under the same rollout budget per step (B prompts × n rollouts):
 every registered strategy (``uniform`` among them), each talking to its own
-``rollplan serve`` through :class:`rollplan.client.Client` exactly as a trainer
-plugin would (put_run → upsert_prompts with domain = level → per step plan →
-rollouts at the planned counts → report); ``dapo`` (DAPO dynamic sampling over
-the service's uniform plans: keep informative groups, plan again until the
-batch is full, every generated rollout counted and reported); ``oracle`` (the
-B prompts of highest 1 − pⁿ − (1−p)ⁿ under the true current pass rates).
-Each step is one GRPO policy-gradient update (group-normalised advantages,
-Adam) on the batch's groups.
+``rollplan serve`` through the trainer plugins' core,
+:class:`rollplan.plugins.core.RollplanScheduler`, the way trainers do: it attaches
+(put_run, upsert_prompts with domain = level), the plan of step k + 1 is
+prefetched in the background while step k rolls out and trains, and the rewards
+go out from the background report queue after the GRPO update. With
+``--reporters N`` the step's groups are reported as N data-parallel ranks would:
+N schedulers (reporter ids ``rank0`` … ``rank{N-1}``), each asking for the step's
+plan (the same one) and reporting its contiguous share of the groups.
+
+The order of a step is pinned so that a seed's curriculum is reproducible: the
+plan of step k + 1 is asked once the reports of step k − 1 are stored (the
+schedulers are flushed first) and is back before the report of step k is queued.
+The plan of k + 1 therefore never sees the rewards of step k (one step of
+lookahead, as in every prefetching trainer) and always sees those of k − 1.
+``--sync`` drives the same order through the synchronous
+:class:`rollplan.client.Client` (the reference the plugin path is tested
+against: same plans step by step); ``--no-prefetch`` plans step k only after
+step k − 1 is reported (no lookahead). With N > 1 reporters the order of one
+step's N reports among themselves follows the network, as in real
+data-parallel training.
+
+``dapo`` (DAPO dynamic sampling over the service's uniform plans: keep
+informative groups, plan again until the batch is full, every generated rollout
+counted and reported) keeps the synchronous client: it needs each draw's
+rewards before it asks for the next draw's plan, so it cannot plan ahead.
+``oracle`` (the B prompts of highest 1 − pⁿ − (1−p)ⁿ under the true current
+pass rates, from a random candidate pool of 16 × B); ``first_sight_oracle``
+(the same greedy pick, but it knows a prompt's exact current pass rate only once
+it has rolled that prompt out at least once; a never-seen prompt is estimated by
+the mean current exact pass rate of the seen prompts of its level, else of all
+seen prompts, else 0.5: what knowing the seen part of the pool is worth,
+without exploring). Each step is one GRPO policy-gradient update
+(group-normalised advantages, Adam) on the batch's groups.
+
+Calibration, per run: ``brier`` is the mean over planned groups (DAPO: every
+drawn group) of (the plan item's predicted pass rate − the group's mean
+reward)² (None for the oracle arms, which have no plan); ``brier_beta`` and
+``brier_domain`` score, on the same groups and before each is observed, the
+prompt's own Beta(1, 1) posterior mean over its past groups in this run and the
+running mean reward (over past groups) of its level.
 
 Writes ``learner.json`` (summary + every run's curves), ``learner_accuracy.png``
 (held-out exact accuracy against cumulative rollouts), ``learner_effective.png``
@@ -89,6 +121,9 @@ class LearnerConfig:
     warmup_batch: int = 64
     warmup_max_steps: int = 4_000
     dapo_max_draws: int = 16  # refills per step before DAPO gives up on filling its batch
+    reporters: int = 1  # data-parallel ranks: each reports its share of the step's groups
+    sync: bool = False  # the synchronous client instead of the plugin scheduler (same order of calls)
+    prefetch: bool = True  # plan step k + 1 while step k trains (False: after step k is reported)
 
     def warmup_key(self, seed: int) -> str:
         keys = ("width", "d_model", "layers", "heads", "warmup_levels", "gate_level", "gate", "warmup_lr",
@@ -315,6 +350,172 @@ def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
     return answers, rewards, group
 
 
+ORACLE_ARMS = ("oracle", "first_sight_oracle")
+
+
+class Calibration:
+    """Brier scores of predicted pass rates against observed group means: the arm's own
+    predictions (the plan items') and two references scored on the same groups before
+    each is observed: the prompt's own Beta(1, 1) posterior mean over its past groups
+    (no forgetting) and the running mean reward (mean of past group means) of its level,
+    0.5 before any. Every observed group enters the history; a group without a
+    prediction (NaN: a prompt a scheduler filled in locally) is not scored."""
+
+    def __init__(self, prompts: int, levels: int) -> None:
+        self.s = np.zeros(prompts)
+        self.n = np.zeros(prompts)
+        self.lvl = np.zeros((levels, 2))  # per level: sum of past group means, past groups
+        self.sq = np.zeros(3)  # brier, brier_beta, brier_domain
+        self.groups = 0
+        self.has_predictions = False
+
+    def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray,
+            predicted: np.ndarray | None = None) -> None:
+        if idx.size == 0:
+            return
+        obs = k / n
+        beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
+        lv = level[idx]
+        dom = np.where(self.lvl[lv, 1] > 0, self.lvl[lv, 0] / np.maximum(self.lvl[lv, 1], 1), 0.5)
+        scored = np.ones(idx.size, bool) if predicted is None else np.isfinite(predicted)
+        if predicted is not None:
+            self.has_predictions = True
+            self.sq[0] += float(np.sum((predicted[scored] - obs[scored]) ** 2))
+        self.sq[1] += float(np.sum((beta - obs)[scored] ** 2))
+        self.sq[2] += float(np.sum((dom - obs)[scored] ** 2))
+        self.groups += int(scored.sum())
+        np.add.at(self.s, idx, k)
+        np.add.at(self.n, idx, n)
+        np.add.at(self.lvl, lv, np.stack([obs, np.ones(idx.size)], axis=1))
+
+    def seen(self) -> np.ndarray:
+        """The prompts rolled out at least once so far."""
+        return self.n > 0
+
+    def result(self) -> dict:
+        g = max(self.groups, 1)
+        return {"brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
+                "brier_beta": float(self.sq[1] / g) if self.groups else None,
+                "brier_domain": float(self.sq[2] / g) if self.groups else None}
+
+
+@dataclass
+class StepPlan:
+    """A plan in pool terms: prompt ``idx[j]`` gets ``counts[j]`` rollouts."""
+
+    idx: np.ndarray
+    counts: np.ndarray
+    predicted: np.ndarray  # the service's predicted pass rate of each item (NaN: none)
+    plan_id: str | None
+
+
+def shards(n_groups: int, reporters: int) -> list[np.ndarray]:
+    """The groups each data-parallel rank reports: contiguous shares of the plan."""
+    return np.array_split(np.arange(n_groups), reporters)
+
+
+class PluginPlanner:
+    """The trainer plugins' path: one :class:`RollplanScheduler` per data-parallel rank
+    (reporter ``rank{r}``; rank 0 uploads the prompts), each asking for the step's plan
+    and reporting its share from its background queue. A benchmark must not silently
+    train on the scheduler's uniform fallback: a fallback plan, a dropped report or one
+    left spooled is an error here."""
+
+    driver = "plugin"
+
+    def __init__(self, url: str, run_id: str, world: World, settings: dict, prompts: list[dict],
+                 reporters: int, spool_dir: Path) -> None:
+        from rollplan.plugins.core import PromptIds, RollplanScheduler
+
+        ids = PromptIds(world.ids)
+        self.scheds = []
+        for r in range(reporters):
+            sc = RollplanScheduler(run_id, ids, url=url, **settings, prompts=prompts if r == 0 else None,
+                                   upload=r == 0, reporter=f"rank{r}", spool_dir=spool_dir, timeout=120.0,
+                                   prefetch=False)  # the loop places the prefetch itself
+            self.scheds.append(sc)
+            if not sc.attach():
+                raise RuntimeError(f"rank {r} could not attach to run {run_id!r} at {url}")
+        self.reports = 0
+
+    def plan(self, step: int, batch: int, budget: int) -> StepPlan:
+        plans = [sc.plan(step, batch, budget) for sc in self.scheds]
+        head = plans[0]
+        if any(p.source != "service" for p in plans):
+            raise RuntimeError(f"step {step}: the scheduler fell back to a uniform plan; see its warning")
+        if any(p.plan_id != head.plan_id or p.prompt_ids != head.prompt_ids for p in plans[1:]):
+            raise RuntimeError(f"step {step}: the ranks got different plans")
+        pred = np.array([np.nan if x is None else x for x in head.predicted_pass_rates], np.float64)
+        return StepPlan(np.array(head.indices, np.int64), np.array(head.rollouts, np.int64), pred, head.plan_id)
+
+    def prefetch(self, step: int, batch: int, budget: int) -> None:
+        for sc in self.scheds:
+            sc.prefetch(step, batch, budget)
+
+    def settle(self) -> None:
+        """Wait until every queued report is stored (the schedulers' flush)."""
+        for sc in self.scheds:
+            if sc.flush() != 0:
+                raise RuntimeError(f"{sc.reporter}: reports left spooled in {sc.spool_path}")
+
+    def report(self, step: int, groups: list, plan_id: str | None) -> None:
+        for sc, share in zip(self.scheds, shards(len(groups), len(self.scheds))):
+            if share.size:
+                sc.report(step, [groups[j] for j in share], plan_id=plan_id)
+                self.reports += 1
+
+    def close(self, check: bool = True) -> None:
+        left = sum(sc.close() for sc in self.scheds)
+        bad = {sc.reporter: sc.stats.as_dict() for sc in self.scheds
+               if sc.stats.fallback_plans or sc.stats.reports_dropped or sc.stats.reports_spooled}
+        if check and (left or bad):
+            raise RuntimeError(f"the schedulers did not deliver everything: {left} reports spooled; {bad}")
+
+
+class ClientPlanner:
+    """The same calls, in the same order, through the synchronous client (``--sync``):
+    a prefetch is a plan request made at that point, a report is sent when made."""
+
+    driver = "client"
+
+    def __init__(self, rp, run_id: str, world: World, reporters: int) -> None:
+        self.rp, self.run_id, self.index, self.reporters = rp, run_id, world.index, reporters
+        self.pending: dict[int, StepPlan] = {}
+        self.reports = 0
+
+    def _fetch(self, step: int, batch: int, budget: int) -> StepPlan:
+        plan = self.rp.plan(self.run_id, batch, rollout_budget=budget, step=step)
+        return StepPlan(np.array([self.index[it.prompt_id] for it in plan.items], np.int64),
+                        np.array([it.rollouts for it in plan.items], np.int64),
+                        np.array([it.predicted_pass_rate for it in plan.items], np.float64), plan.plan_id)
+
+    def plan(self, step: int, batch: int, budget: int) -> StepPlan:
+        got = self.pending.pop(step, None)
+        return got if got is not None else self._fetch(step, batch, budget)
+
+    def prefetch(self, step: int, batch: int, budget: int) -> None:
+        if step not in self.pending:
+            self.pending[step] = self._fetch(step, batch, budget)
+
+    def settle(self) -> None:
+        pass  # every report was stored when sent
+
+    def report(self, step: int, groups: list, plan_id: str | None) -> None:
+        for r, share in enumerate(shards(len(groups), self.reporters)):
+            if share.size:
+                self.rp.report(self.run_id, f"rank{r}-{step}-0", step, [groups[j] for j in share], plan_id=plan_id)
+                self.reports += 1
+
+    def close(self, check: bool = True) -> None:
+        pass
+
+
+def plan_digest(ids: list[str], idx: np.ndarray, counts: np.ndarray) -> str:
+    """A short fingerprint of what a step rolled out (prompt ids and counts, in order)."""
+    blob = json.dumps([[ids[i] for i in idx.tolist()], counts.tolist()], separators=(",", ":"))
+    return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
+
+
 def run_arm(job: dict) -> dict:
     """One (arm, seed): a fresh copy of the seed's warm-up checkpoint, trained by GRPO
     on the prompts the arm picks, through its own ``rollplan serve``."""
@@ -330,60 +531,106 @@ def run_arm(job: dict) -> dict:
     gen = torch.Generator(device=device)
     gen.manual_seed(7_919 * seed + 1)
     n0 = cfg.rollouts
-    if arm == "oracle":
-        return _loop(cfg, arm, seed, model, opt, world, gen, device, None, None)
+    if arm in ORACLE_ARMS:
+        return _loop(cfg, arm, seed, model, opt, world, gen, device, None, None, None)
     from rollplan.client import Client
 
     from .speed import server
 
-    with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url, \
-            Client(url, timeout=120) as rp:
-        run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
-        rp.put_run(run_id, strategy={"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm), rollouts_per_prompt=n0,
-                   min_rollouts=1, max_rollouts=max(64, n0))
-        rp.upsert_prompts(run_id, [{"id": pid, "domain": f"L{lv}", "text": text}
-                                   for pid, lv, text in zip(world.ids, world.pool.level, world.texts)], progress=False)
-        return _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id)
+    run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
+    settings = {"strategy": {"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm),
+                "rollouts_per_prompt": n0, "min_rollouts": 1, "max_rollouts": max(64, n0)}
+    prompts = [{"domain": f"L{lv}", "text": text} for lv, text in zip(world.pool.level, world.texts)]
+    with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url:
+        if arm == "dapo" or cfg.sync:
+            with Client(url, timeout=120) as rp:
+                rp.put_run(run_id, **settings)
+                rp.upsert_prompts(run_id, [{"id": pid, **p} for pid, p in zip(world.ids, prompts)], progress=False)
+                planner = None if arm == "dapo" else ClientPlanner(rp, run_id, world, cfg.reporters)
+                return _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id)
+        planner = PluginPlanner(url, run_id, world, settings, prompts, cfg.reporters, Path(tmp) / "spool")
+        try:
+            row = _loop(cfg, arm, seed, model, opt, world, gen, device, planner, None, run_id)
+        except BaseException:
+            planner.close(check=False)  # the loop's error is the one to see
+            raise
+        planner.close()
+        return row
 
 
-def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
-    """The training loop of one arm; ``rp``/``run_id`` the service (None for the oracle).
-    ``wall_s`` counts this loop (not the server's start); ``service_s`` its plan and report calls."""
+def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -> dict:
+    """The training loop of one arm: ``planner`` (a PluginPlanner or ClientPlanner) for
+    the strategy arms, ``rp``/``run_id`` the synchronous client for DAPO, neither for the
+    oracle arms. ``wall_s`` counts this loop (not the server's start); ``service_s`` the
+    time the training thread spent waiting on the service (plans, reports, flushes)."""
     B, n0 = cfg.batch, cfg.rollouts
     budget = B * n0
     used = informative = 0
     plan_step = 0
-    curve, eff_per_step = [], []
+    curve, eff_per_step, digests = [], [], []
     t0 = time.perf_counter()
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
     picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
-    # Exact pass rates (teacher forcing, not rollouts) of the prompts each step rolled out:
-    # where the batch sat — too hard (p < 0.02), in reach, or solved (p > 0.98).
+    # Exact pass rates (teacher forcing, not rollouts) of the prompts each step trained on
+    # (DAPO: the kept groups): where the batch sat — too hard (p < 0.02), in reach, or
+    # solved (p > 0.98).
     true_p_bins = np.zeros((2, 3), np.int64)  # [first time trained, trained before] × bin
+    # Own-evidence checks: picks of wrong labels after 2 all-fail groups, and of prompts after
+    # 3 all-pass groups in a row, against what uniform sampling would give them.
+    fails = np.zeros(cfg.prompts, np.int64)
+    pass_streak = np.zeros(cfg.prompts, np.int64)
+    own = np.zeros(4)  # stuck picks, stuck expected, solved picks, solved expected
+    level = np.asarray(world.pool.level, np.int64)
+    calib = Calibration(cfg.prompts, cfg.width + 1)
+    cur = None  # the service arms' plan of this step, when it was fetched ahead
+
+    def exact(idx: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(idx, device=device)
+        return model.pass_rate(world.pool.prompt[t], world.pool.label[t])
+
     for step in range(cfg.steps):
         if step % cfg.eval_every == 0:
             model.eval()
             curve.append((step, used, float(model.pass_rate(world.heldout.prompt, world.heldout.label).mean())))
         step_used = step_inf = 0
-        if arm == "oracle":
-            # Like the strategies, a random candidate pool of 16× the batch; true pass rates on it.
+        step_digest = []
+        if arm in ORACLE_ARMS:
+            # Like the strategies, a random candidate pool of 16× the batch; true pass rates on it
+            # (first_sight_oracle: only for prompts it has rolled out, level means of those otherwise).
             cand = np.sort(oracle_rng.choice(cfg.prompts, min(cfg.prompts, 16 * B), replace=False))
-            p = model.pass_rate(world.pool.prompt[torch.as_tensor(cand, device=device)],
-                                world.pool.label[torch.as_tensor(cand, device=device)])
+            if arm == "oracle":
+                p = exact(cand)
+            else:
+                seen = np.flatnonzero(calib.seen())
+                p = np.full(cand.size, 0.5)
+                if seen.size:
+                    p_seen = exact(seen)
+                    cnt = np.bincount(level[seen], minlength=cfg.width + 1)
+                    lvl_mean = np.bincount(level[seen], weights=p_seen, minlength=cfg.width + 1)
+                    lvl_mean = np.where(cnt > 0, lvl_mean / np.maximum(cnt, 1), p_seen.mean())
+                    pos = np.full(cfg.prompts, -1)
+                    pos[seen] = np.arange(seen.size)
+                    known = pos[cand] >= 0
+                    p = np.where(known, p_seen[np.maximum(pos[cand], 0)], lvl_mean[level[cand]])
             score = 1 - p**n0 - (1 - p) ** n0
             idx = cand[np.argsort(-score, kind="stable")[:B]]
-            answers, rewards, group = rollout(model, world, idx, np.full(B, n0), gen, device)
             counts = np.full(B, n0)
-        else:
+            answers, rewards, group = rollout(model, world, idx, counts, gen, device)
+            k = np.bincount(group.cpu().numpy(), weights=rewards.cpu().numpy(), minlength=idx.size)
+            calib.add(idx, counts, k, level)
+            step_digest.append(plan_digest(world.ids, idx, counts))
+        elif arm == "dapo":
+            # Synchronous: each draw's rewards decide whether to plan another draw.
             parts = []
             got = 0
-            for _draw in range(cfg.dapo_max_draws if arm == "dapo" else 1):
+            for _draw in range(cfg.dapo_max_draws):
                 ts = time.perf_counter()
                 plan = rp.plan(run_id, B, rollout_budget=budget, step=plan_step)
                 service_s += time.perf_counter() - ts
                 idx = np.array([world.index[it.prompt_id] for it in plan.items])
                 counts = np.array([it.rollouts for it in plan.items])
+                pred = np.array([it.predicted_pass_rate for it in plan.items], np.float64)
                 answers, rewards, group = rollout(model, world, idx, counts, gen, device)
                 r = rewards.cpu().numpy()
                 g = group.cpu().numpy()
@@ -393,56 +640,98 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, rp, run_id) -> dict:
                 service_s += time.perf_counter() - ts
                 plan_step += 1
                 k = np.bincount(g, weights=r, minlength=idx.size)
+                calib.add(idx, counts, k, level, pred)
+                step_digest.append(plan_digest(world.ids, idx, counts))
                 inf = (k > 0) & (k < counts)
                 step_used += int(counts.sum())
                 step_inf += int(counts[inf].sum())
-                if arm != "dapo":
-                    break
                 keep = np.flatnonzero(inf)[: B - got]
                 parts.append((idx[keep], counts[keep], answers, rewards, group, keep))
                 got += keep.size
                 if got >= B:
                     break
-            if arm == "dapo":
-                idx, counts, answers, rewards, group = _concat_kept(parts, device)
+            idx, counts, answers, rewards, group = _concat_kept(parts, device)
+        else:
+            ts = time.perf_counter()
+            planner.settle()  # the reports of step − 1 are stored before any later plan is made
+            if cur is None:  # step 0, or no prefetch: plan this step now
+                cur = planner.plan(step, B, budget)
+            if cfg.prefetch and step + 1 < cfg.steps:
+                planner.prefetch(step + 1, B, budget)  # fetched in the background while this step trains
+            service_s += time.perf_counter() - ts
+            idx, counts = cur.idx, cur.counts
+            answers, rewards, group = rollout(model, world, idx, counts, gen, device)
+            k = np.bincount(group.cpu().numpy(), weights=rewards.cpu().numpy(), minlength=idx.size)
+            calib.add(idx, counts, k, level, cur.predicted)
+            step_digest.append(plan_digest(world.ids, idx, counts))
         if arm != "dapo":
-            r = rewards.cpu().numpy()
-            k = np.bincount(group.cpu().numpy(), weights=r, minlength=idx.size)
             inf = (k > 0) & (k < counts)
             step_used, step_inf = int(counts.sum()), int(counts[inf].sum())
         used += step_used
         informative += step_inf
+        digests.append(step_digest[0] if len(step_digest) == 1 else ",".join(step_digest))
         if idx.size:
-            if arm != "dapo":
-                model.eval()
-                tp = model.pass_rate(world.pool.prompt[torch.as_tensor(idx, device=device)],
-                                     world.pool.label[torch.as_tensor(idx, device=device)])
-                np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
+            model.eval()
+            tp = exact(idx)
+            np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
             np.add.at(picks, idx, 1)
+        if idx.size and arm != "dapo":
+            stuck = world.pool.broken & (fails >= 2)
+            solved = pass_streak >= 3
+            own += (stuck[idx].sum(), idx.size * stuck.mean(), solved[idx].sum(), idx.size * solved.mean())
+            np.add.at(fails, idx, (k <= 0).astype(np.int64))
+            pass_streak[idx] = np.where(k >= counts, pass_streak[idx] + 1, 0)
         eff_per_step.append(step_inf / max(step_used, 1))
         model.train()
         for g in opt.param_groups:
             g["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.lr_warmup, 1))
         if idx.size:
             grpo_update(model, opt, world, idx, answers, rewards, group, idx.size)
+        if planner is not None:
+            r = rewards.cpu().numpy()
+            g = group.cpu().numpy()
+            groups = [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)]
+            ts = time.perf_counter()
+            # The plan of step + 1 (prefetched) is back before this step's report goes out.
+            nxt = planner.plan(step + 1, B, budget) if cfg.prefetch and step + 1 < cfg.steps else None
+            planner.report(step, groups, cur.plan_id)  # plugin: queued, sent in the background
+            service_s += time.perf_counter() - ts
+            cur = nxt
+    if planner is not None:
+        ts = time.perf_counter()
+        planner.settle()
+        service_s += time.perf_counter() - ts
     model.eval()
     acc = model.pass_rate(world.heldout.prompt, world.heldout.label)
     curve.append((cfg.steps, used, float(acc.mean())))
     by_level = {int(lv): float(acc[world.heldout.level == lv].mean()) for lv in np.unique(world.heldout.level)}
+    bins = true_p_bins.sum(axis=0)
+    n_bins = max(int(bins.sum()), 1)
     return {
         "arm": arm, "seed": seed, "rollouts": used, "effective_ratio": informative / max(used, 1),
         "initial_accuracy": curve[0][2], "final_accuracy": curve[-1][2], "final_accuracy_by_level": by_level,
         "wall_s": time.perf_counter() - t0, "service_s": service_s, "curve": curve,
+        # How the arm talked to the service: the plugin scheduler, the synchronous client, or not at all.
+        "driver": planner.driver if planner is not None else ("client" if rp is not None else None),
+        "reports": planner.reports if planner is not None else (plan_step if rp is not None else 0),
         # Where the arm spent its batches (DAPO: the kept groups): share per level, on wrong labels, distinct prompts.
         "batch_share_by_level": {int(lv): float(picks[world.pool.level == lv].sum() / max(picks.sum(), 1))
                                    for lv in np.unique(world.pool.level)},
         "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
+        # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
+        "stuck_pick_rate": float(own[0] / own[1]) if own[1] else None,
+        "solved_pick_rate": float(own[2] / own[3]) if own[3] else None,
         "distinct_prompts_trained": int((picks > 0).sum()),
         "trained_true_pass_rate_share": {
             who: dict(zip(("below_0.02", "0.02_to_0.98", "above_0.98"), (row / max(true_p_bins.sum(), 1)).round(4).tolist()))
             for who, row in (("first_time", true_p_bins[0]), ("seen_before", true_p_bins[1]))
         },
+        "share_groups_true_below_0.02": float(bins[0] / n_bins),
+        "share_groups_true_above_0.98": float(bins[2] / n_bins),
+        **calib.result(),
         "effective_per_step": eff_per_step,
+        # Per step, a fingerprint of the prompts and counts rolled out (DAPO: its draws, comma-joined).
+        "plan_digests": digests,
     }
 
 
@@ -497,6 +786,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--rollouts", type=int, default=None)
+    ap.add_argument("--broken", type=float, default=None, help="share of prompts with a wrong label (default 0.05)")
+    ap.add_argument("--reporters", type=int, default=None,
+                    help="data-parallel ranks: each step's groups are reported in this many reports (default 1)")
+    ap.add_argument("--sync", action="store_true", default=None,
+                    help="drive the strategy arms through the synchronous client instead of the plugin scheduler "
+                    "(same order of calls, same plans)")
+    ap.add_argument("--no-prefetch", dest="prefetch", action="store_false", default=None,
+                    help="plan step k only once step k-1 is reported (no lookahead)")
     ap.add_argument("--target", default="auto", help="held-out exact accuracy to reach, or 'auto': 75%% of the "
                     "way from the warm-up's accuracy to the worst final accuracy of uniform over seeds")
     ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle")
@@ -510,9 +807,14 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = replace(cfg, prompts=500, heldout=256, steps=50, eval_every=5)
         args.seeds = 1
         args.arms = args.arms or "uniform,default,oracle"
-    over = {k: getattr(args, k) for k in ("steps", "prompts", "batch", "rollouts") if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync",
+                                          "prefetch") if getattr(args, k) is not None}
     cfg = replace(cfg, **over)
-    arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", "oracle"]
+    if cfg.reporters < 1 or cfg.reporters > cfg.batch:
+        ap.error(f"--reporters must be between 1 and the batch size ({cfg.batch})")
+    if not 0.0 <= cfg.broken < 1.0:
+        ap.error("--broken must be in [0, 1)")
+    arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", *ORACLE_ARMS]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workers = max(1, args.workers)
@@ -536,11 +838,11 @@ def main(argv: list[str] | None = None) -> dict:
               f"{w['gate_rate']:.3f}", flush=True)
     jobs = [{"cfg": _cfg_dict(cfg), "arm": a, "seed": s, "device": args.device, "threads": threads,
              "warmup_path": warm[s]["path"]} for s in seeds for a in arms]
-    jobs.sort(key=lambda j: j["arm"] not in ("dapo", "oracle"))  # the longest first, so none starts last
+    jobs.sort(key=lambda j: j["arm"] not in ("dapo", *ORACLE_ARMS))  # the longest first, so none starts last
     rows = []
     for r in pmap(run_arm, jobs):
         rows.append(r)
-        print(f"seed {r['seed']} {r['arm']:10s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
+        print(f"seed {r['seed']} {r['arm']:18s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
               f"eff {r['effective_ratio']:.3f} rollouts {r['rollouts']:,} ({r['wall_s']:.0f} s, "
               f"service {r['service_s']:.0f} s)", flush=True)
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
@@ -549,8 +851,12 @@ def main(argv: list[str] | None = None) -> dict:
         r["rollouts_to_target"] = rollouts_to_target(r["curve"], target)
     summary = sim.summarise(rows, arms)
     args.target, args.prompts, args.steps, args.batch = target, cfg.prompts, cfg.steps, cfg.batch
+    args.broken, args.reporters, args.sync, args.prefetch = cfg.broken, cfg.reporters, cfg.sync, cfg.prefetch
     sim.print_table(summary, args, title=f"learner (GRPO, {cfg.layers}-layer d={cfg.d_model} transformer, "
-                    f"addition up to {cfg.width} digits, {cfg.rollouts} rollouts/prompt, device {args.device})")
+                    f"addition up to {cfg.width} digits, {cfg.rollouts} rollouts/prompt, {cfg.broken:.0%} wrong labels, "
+                    f"{'synchronous client' if cfg.sync else 'plugin scheduler'}, "
+                    f"{'prefetch' if cfg.prefetch else 'no prefetch'}, {cfg.reporters} reporter(s), "
+                    f"device {args.device})")
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": args.device,
                     "workers": workers, "threads_per_worker": threads},

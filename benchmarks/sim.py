@@ -48,13 +48,27 @@ class SimConfig:
     rollouts: int = 8
     gamma: float = 1.6  # slope of the pass-rate sigmoid
     lr: float = 0.002  # skill gain per unit of GRPO signal per prompt slot
-    memo_lr: float = 0.6  # per-prompt memorisation gain
+    memo_lr: float = 0.6  # per-prompt memorisation gain (0: trained prompts get no easier than their domain)
     transfer: float = 0.25
     forget: float = 0.0005
-    broken: float = 0.05
-    trivial: float = 0.10
+    broken: float = 0.05  # share of prompts that never pass (wrong labels)
+    trivial: float = 0.10  # share that always pass
+    spread: str = "gamma"  # difficulty inside a domain: gamma (heavy right tail), normal (light), lognormal (heavier)
+    domain_offsets: float = 2.5  # range of the domains' mean difficulties (0: domains say nothing about difficulty)
     heldout: int = 2_000
     seed: int = 0
+
+
+def _spread(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
+    """Within-domain difficulty offsets, each of mean 2 and sd √2 (so worlds differ in shape, not scale)."""
+    if kind == "gamma":
+        return rng.gamma(2.0, 1.0, n)
+    if kind == "normal":
+        return 2.0 + np.sqrt(2.0) * rng.standard_normal(n)
+    if kind == "lognormal":
+        s2 = np.log(1.0 + 2.0 / 4.0)  # lognormal with mean 2, variance 2
+        return rng.lognormal(np.log(2.0) - s2 / 2, np.sqrt(s2), n)
+    raise ValueError(f"unknown spread {kind!r}")
 
 
 class Learner:
@@ -63,15 +77,15 @@ class Learner:
         P, K = cfg.prompts, cfg.domains
         self.domain = rng.integers(0, K, P).astype(np.int32)
         # Domains differ in how hard they are; prompts vary inside a domain.
-        self.dom_offset = np.linspace(-1.0, 1.5, K)
-        self.difficulty = self.dom_offset[self.domain] + rng.gamma(2.0, 1.0, P)
+        self.dom_offset = np.linspace(-1.0, -1.0 + cfg.domain_offsets, K)
+        self.difficulty = self.dom_offset[self.domain] + _spread(cfg.spread, rng, P)
         self.memo = np.zeros(P)
         kind = rng.random(P)
         self.broken = kind < cfg.broken
         self.trivial = (kind >= cfg.broken) & (kind < cfg.broken + cfg.trivial)
         self.skill = np.full(K, 1.0)  # partial competence: the easiest prompts pass
         self.h_domain = rng.integers(0, K, cfg.heldout)
-        self.h_difficulty = self.dom_offset[self.h_domain] + rng.gamma(2.0, 1.0, cfg.heldout)
+        self.h_difficulty = self.dom_offset[self.h_domain] + _spread(cfg.spread, rng, cfg.heldout)
 
     def pass_rate(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         d = self.domain[idx]
@@ -120,7 +134,50 @@ def arm_strategy(arm: str) -> dict:
     return {"name": name, "params": params}
 
 
+BASELINE_ARMS = ("dapo", "oracle", "first_sight_oracle")
+
+
+class Calibration:
+    """Brier scores of predicted pass rates against observed group means, for the arm's
+    own predictions and two references evaluated on the same groups before they are
+    applied: each prompt's own Beta(1, 1) posterior mean (its whole history, no
+    forgetting) and its domain's running mean reward."""
+
+    def __init__(self, prompts: int, domains: int) -> None:
+        self.s = np.zeros(prompts)
+        self.n = np.zeros(prompts)
+        self.dom = np.zeros((domains, 2))
+        self.sq = {"brier": 0.0, "brier_beta": 0.0, "brier_domain": 0.0}
+        self.groups = 0
+
+    def add(self, idx, n, k, domain, predicted=None) -> None:
+        obs = k / n
+        beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
+        d = domain[idx]
+        dm = np.where(self.dom[d, 1] > 0, self.dom[d, 0] / np.maximum(self.dom[d, 1], 1), 0.5)
+        if predicted is not None:
+            self.sq["brier"] += float(np.sum((predicted - obs) ** 2))
+        self.sq["brier_beta"] += float(np.sum((beta - obs) ** 2))
+        self.sq["brier_domain"] += float(np.sum((dm - obs) ** 2))
+        self.groups += idx.size
+        np.add.at(self.s, idx, k)
+        np.add.at(self.n, idx, n)
+        np.add.at(self.dom, d, np.stack([obs, np.ones(idx.size)], axis=1))
+
+    def result(self, has_predictions: bool) -> dict:
+        g = max(self.groups, 1)
+        out = {k: v / g for k, v in self.sq.items()}
+        if not has_predictions:
+            out["brier"] = None
+        return out
+
+
 def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
+    """One arm on one seed's world. Arms: a strategy (``name+param=value&…``), ``dapo``,
+    ``oracle`` (the B most informative of a 16×B candidate pool under the exact pass
+    rates) or ``first_sight_oracle`` (the same, but knowing a prompt's exact pass rate only once
+    it has been rolled out, and only its domain's mean exact pass rate over the seen
+    prompts before: what knowing the seen part of the pool is worth, without exploring)."""
     rng = np.random.default_rng(cfg.seed)  # the same world for every arm (paired seeds)
     learner = Learner(cfg, rng)
     roll_rng = np.random.default_rng(cfg.seed + 1_000_003)
@@ -128,14 +185,25 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     budget = B * n0
     spec = arm_strategy(arm)
     name = spec["name"]
-    strategy = None if arm in ("dapo", "oracle") else strat.build(name, spec["params"])
+    strategy = None if arm in BASELINE_ARMS else strat.build(name, spec["params"])
     pool = strategy.make_pool() if strategy else PoolState()
     pool.set_prompts(np.arange(cfg.prompts), learner.domain, np.full(cfg.prompts, np.nan))
+    calib = Calibration(cfg.prompts, cfg.domains)
+    seen = np.zeros(cfg.prompts, bool)
+    # Own-evidence checks: wrong labels after 2 all-fail groups, prompts after 3 all-pass
+    # groups in a row — their picks against what uniform sampling would give them.
+    fails = np.zeros(cfg.prompts, np.int64)
+    pass_streak = np.zeros(cfg.prompts, np.int64)
+    stuck_picks = stuck_expected = solved_picks = solved_expected = 0.0
     used = informative = 0
+    # Where the trained groups sat: exact pass rate < 0.02, in between, > 0.98; broken; trivial.
+    where = np.zeros(5)
+    groups_total = 0
     curve = []
     reached = None
     t0 = time.perf_counter()
     for step in range(cfg.steps):
+        predicted = None
         if arm == "dapo":
             # Oversample uniformly, keep informative groups until the batch is full.
             kept_i, kept_n, kept_k = [], [], []
@@ -154,20 +222,43 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
                     break
             idx, n, k = (np.concatenate(x) for x in (kept_i, kept_n, kept_k))
         else:
-            if arm == "oracle":
+            if arm in ("oracle", "first_sight_oracle"):
                 cand = roll_rng.choice(cfg.prompts, min(cfg.prompts, 16 * B), replace=False)
                 p = learner.pass_rate(cand)
+                if arm == "first_sight_oracle":
+                    true_all = learner.pass_rate()
+                    cnt = np.bincount(learner.domain[seen], minlength=cfg.domains)
+                    dmean = np.bincount(learner.domain[seen], weights=true_all[seen], minlength=cfg.domains)
+                    overall = true_all[seen].mean() if seen.any() else 0.5
+                    dmean = np.where(cnt > 0, dmean / np.maximum(cnt, 1), overall)
+                    p = np.where(seen[cand], p, dmean[learner.domain[cand]])
                 score = 1 - p**n0 - (1 - p) ** n0
                 idx = cand[np.argsort(-score, kind="stable")[:B]]
                 n = np.full(B, n0)
             else:
                 req = strat.PlanRequest(B, budget, 1, 64, step)
                 d = strategy.plan(pool, req, strat.plan_rng("sim", step, name))
-                idx, n = d.ordinals, d.rollouts
+                idx, n, predicted = d.ordinals, d.rollouts, d.predicted_pass_rate
             k = learner.rollout(idx, n, roll_rng)
             used += int(n.sum())
             informative += int(n[(k > 0) & (k < n)].sum())
-        if arm not in ("oracle",):
+        if idx.size:
+            stuck = learner.broken & (fails >= 2)
+            solved = pass_streak >= 3
+            stuck_picks += stuck[idx].sum()
+            stuck_expected += idx.size * stuck.mean()
+            solved_picks += solved[idx].sum()
+            solved_expected += idx.size * solved.mean()
+            np.add.at(fails, idx, (k <= 0).astype(np.int64))
+            pass_streak[idx] = np.where(k >= n, pass_streak[idx] + 1, 0)
+            tp = learner.pass_rate(idx)
+            np.add.at(where, np.digitize(tp, [0.02, 0.98]), 1)
+            where[3] += learner.broken[idx].sum()
+            where[4] += learner.trivial[idx].sum()
+            groups_total += idx.size
+            calib.add(idx, n, k, learner.domain, predicted)
+            seen[idx] = True
+        if strategy is not None:
             pool.observe(_observations(idx, n, k, step))
         learner.train(idx, n, k, B)
         if step % eval_every == 0 or step == cfg.steps - 1:
@@ -175,11 +266,37 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             curve.append((step, used, acc))
             if reached is None and acc >= target:
                 reached = used
+    share = where / max(groups_total, 1)
     return {
         "arm": arm, "seed": cfg.seed, "rollouts_to_target": reached, "rollouts": used,
         "effective_ratio": informative / max(used, 1), "final_accuracy": curve[-1][2],
+        "share_groups_true_below_0.02": float(share[0]), "share_groups_true_above_0.98": float(share[2]),
+        "batch_share_broken": float(share[3]), "batch_share_trivial": float(share[4]),
+        # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
+        "stuck_pick_rate": float(stuck_picks / stuck_expected) if stuck_expected else None,
+        # picks of prompts with ≥ 3 all-pass groups in a row / uniform's expectation.
+        "solved_pick_rate": float(solved_picks / solved_expected) if solved_expected else None,
+        **calib.result(strategy is not None),
         "wall_s": time.perf_counter() - t0, "curve": curve,
     }
+
+
+def add_world_args(ap: argparse.ArgumentParser) -> None:
+    d = SimConfig()
+    ap.add_argument("--domains", type=int, default=d.domains)
+    ap.add_argument("--broken", type=float, default=d.broken, help="share of prompts that never pass")
+    ap.add_argument("--trivial", type=float, default=d.trivial, help="share of prompts that always pass")
+    ap.add_argument("--memo-lr", type=float, default=d.memo_lr, help="memorisation of trained prompts (0: off)")
+    ap.add_argument("--spread", choices=("gamma", "normal", "lognormal"), default=d.spread,
+                    help="difficulty inside a domain")
+    ap.add_argument("--domain-offsets", type=float, default=d.domain_offsets,
+                    help="range of the domains' mean difficulties (0: domains uncorrelated with difficulty)")
+
+
+def world_config(args, seed: int) -> SimConfig:
+    return SimConfig(prompts=args.prompts, steps=args.steps, batch=args.batch, seed=seed, domains=args.domains,
+                     broken=args.broken, trivial=args.trivial, memo_lr=args.memo_lr, spread=args.spread,
+                     domain_offsets=args.domain_offsets)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -190,17 +307,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--target", type=float, default=0.6, help="held-out accuracy to reach")
-    ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle")
+    ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle + first_sight_oracle")
     ap.add_argument("--out", default="benchmarks/out/sim")
+    add_world_args(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.prompts, args.steps, args.seeds, args.batch = 3_000, 60, 1, 32
-    arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", "oracle"]
+    arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + list(BASELINE_ARMS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in range(args.seeds):
-        cfg = SimConfig(prompts=args.prompts, steps=args.steps, batch=args.batch, seed=seed)
+        cfg = world_config(args, seed)
         for arm in arms:
             r = run_arm(arm, cfg, args.target, eval_every=max(1, args.steps // 100))
             rows.append(r)
@@ -216,31 +334,67 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+DIAGNOSTICS = ("share_groups_true_below_0.02", "share_groups_true_above_0.98", "batch_share_broken",
+               "batch_share_trivial", "stuck_pick_rate", "solved_pick_rate", "brier", "brier_beta", "brier_domain")
+
+
+def oracle_gain_share(uniform: float, arm: float, oracle: float) -> float | None:
+    """(uniform/arm − 1) / (uniform/oracle − 1): the share of the oracle's saving the arm
+    captures (1 = the oracle's, 0 = uniform's, < 0 worse than uniform); None when the
+    oracle saves nothing."""
+    g = uniform / oracle - 1.0
+    return None if g <= 0 else (uniform / arm - 1.0) / g
+
+
 def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
-    """Per arm: mean and spread of rollouts to target, paired ratios to uniform and DAPO."""
+    """Per arm: mean and spread of rollouts to target, paired ratios to uniform, DAPO and
+    the oracle, the share of the oracle's gain (per seed; mean, min, max), and the means
+    of the diagnostics the rows carry. An arm that misses the target on a seed counts as
+    needing all the rollouts it used there (a lower bound on its cost) in the gain share."""
     by = {(r["arm"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     out = []
+
+    def cost(arm: str, s: int) -> float | None:
+        r = by.get((arm, s))
+        if r is None:
+            return None
+        return r["rollouts_to_target"] or None
+
     for arm in arms:
-        rt = [by[(arm, s)]["rollouts_to_target"] for s in seeds]
+        rt = [by[(arm, s)]["rollouts_to_target"] for s in seeds if (arm, s) in by]
         ok = [x for x in rt if x is not None]
 
         def ratio(base: str) -> float | None:
-            rs = [by[(base, s)]["rollouts_to_target"] / by[(arm, s)]["rollouts_to_target"]
-                  for s in seeds if (base, s) in by and by[(base, s)]["rollouts_to_target"]
-                  and by[(arm, s)]["rollouts_to_target"]]
+            rs = [cost(base, s) / cost(arm, s) for s in seeds if cost(base, s) and cost(arm, s)]
             return float(np.mean(rs)) if rs else None
 
-        out.append({
-            "arm": arm, "reached": f"{len(ok)}/{len(seeds)}",
+        gains = []
+        for s in seeds:
+            u, o = cost("uniform", s), cost("oracle", s)
+            a = cost(arm, s) or (by[(arm, s)]["rollouts"] if (arm, s) in by else None)
+            if u and o and a:
+                g = oracle_gain_share(u, a, o)
+                if g is not None:
+                    gains.append(g)
+        row = {
+            "arm": arm, "reached": f"{len(ok)}/{len(rt)}",
             "rollouts_to_target_mean": float(np.mean(ok)) if ok else None,
             "rollouts_to_target_std": float(np.std(ok)) if len(ok) > 1 else 0.0,
             "speedup_vs_uniform": ratio("uniform"), "speedup_vs_dapo": ratio("dapo"),
             "speedup_vs_oracle": ratio("oracle"),
-            "effective_ratio": float(np.mean([by[(arm, s)]["effective_ratio"] for s in seeds])),
-            "final_accuracy": float(np.mean([by[(arm, s)]["final_accuracy"] for s in seeds])),
-            "wall_s": float(np.mean([by[(arm, s)]["wall_s"] for s in seeds])),
-        })
+            "oracle_gain_share": float(np.mean(gains)) if gains else None,
+            "oracle_gain_share_min": float(np.min(gains)) if gains else None,
+            "oracle_gain_share_max": float(np.max(gains)) if gains else None,
+            "effective_ratio": float(np.mean([by[(arm, s)]["effective_ratio"] for s in seeds if (arm, s) in by])),
+            "final_accuracy": float(np.mean([by[(arm, s)]["final_accuracy"] for s in seeds if (arm, s) in by])),
+            "wall_s": float(np.mean([by[(arm, s)]["wall_s"] for s in seeds if (arm, s) in by])),
+        }
+        for key in DIAGNOSTICS:
+            vals = [by[(arm, s)].get(key) for s in seeds if (arm, s) in by]
+            vals = [v for v in vals if v is not None]
+            row[key] = float(np.mean(vals)) if vals else None
+        out.append(row)
     return out
 
 
@@ -248,16 +402,22 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
     """The markdown table of ``summarise``; × columns are paired per seed (base ÷ arm, > 1 = fewer rollouts)."""
     print(f"\n{title}: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, {args.seeds} seeds, "
           f"target held-out accuracy {args.target}")
-    print("| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | × vs oracle | effective ratio "
-          "| final acc | wall s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    f = lambda x: "—" if x is None else f"{x:.2f}"  # noqa: E731
+    print("| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | share of oracle gain "
+          "| effective ratio | groups p<0.02 | wrong labels | groups p>0.98 | stuck / solved picks vs uniform "
+          "| Brier (Beta, domain) | final acc |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     for s in summary:
         m = s["rollouts_to_target_mean"]
         mt = "—" if m is None else f"{m:,.0f} ± {s['rollouts_to_target_std']:,.0f}"
+        g = s.get("oracle_gain_share")
+        gt = "—" if g is None else f"{g:.2f} ({s['oracle_gain_share_min']:.2f}–{s['oracle_gain_share_max']:.2f})"
+        bt = f"{f(s.get('brier'), 3)} ({f(s.get('brier_beta'), 3)}, {f(s.get('brier_domain'), 3)})"
         print(f"| {s['arm']} | {s['reached']} | {mt} | {f(s['speedup_vs_uniform'])} | {f(s['speedup_vs_dapo'])} | "
-              f"{f(s['speedup_vs_oracle'])} | {s['effective_ratio']:.3f} | {s['final_accuracy']:.3f} | "
-              f"{s['wall_s']:.1f} |")
+              f"{gt} | {s['effective_ratio']:.3f} | {f(s.get('share_groups_true_below_0.02'), 3)} | "
+              f"{f(s.get('batch_share_broken'), 3)} | {f(s.get('share_groups_true_above_0.98'), 3)} | "
+              f"{f(s.get('stuck_pick_rate'))} / {f(s.get('solved_pick_rate'))} | {bt} | "
+              f"{s['final_accuracy']:.3f} |")
 
 
 def pyplot():

@@ -167,6 +167,7 @@ BENCHMARKS = {
     "speed": "rollplan.benchmarks.speed",
     "core": "rollplan.benchmarks.core",
     "load": "rollplan.benchmarks.load",
+    "suite": "rollplan.benchmarks.suite",
 }
 
 

@@ -664,18 +664,23 @@ class Engine:
         texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
 
         with write_session(self.sessions, run_id) as s:
-            # The run, this report_id's earlier report if any, and the run's latest
-            # step, in one round trip: this transaction holds the run's lock.
-            latest_step = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
+            # The run, this report_id's earlier report if any, and the latest step the
+            # run has *reported* (not planned: a prefetching trainer asks the plan of
+            # k + 1 before it reports k, and that report is not late), in one round trip:
+            # this transaction holds the run's lock, so every earlier report is committed.
+            # max(results.step) is max(reports.step) over the earlier reports (a report
+            # has at least one group, each row carries its report's step), read from the
+            # index ix_results_run_step in one seek; reports.step has no index.
+            latest_reported = select(func.max(Result.step)).where(Result.run_pk == Run.pk).scalar_subquery()
             step_known = select(RunStep.step).where(RunStep.run_pk == Run.pk, RunStep.step == body.step).exists()
             row = s.execute(
-                select(Run, Report.n_groups, Report.body_hash, latest_step, step_known)
+                select(Run, Report.n_groups, Report.body_hash, latest_reported, step_known)
                 .outerjoin(Report, (Report.run_pk == Run.pk) & (Report.report_id == body.report_id))
                 .where(Run.id == run_id)
             ).first()
             if row is None:
                 raise run_not_found(run_id)
-            run, prior_groups, prior_hash, run_step, step_known = row
+            run, prior_groups, prior_hash, reported_step, step_known = row
             if prior_hash is not None:
                 if prior_hash != body_hash and prior_hash != legacy_report_hash(body):
                     raise Conflict(
@@ -706,7 +711,9 @@ class Engine:
                     )
             seq = run.report_seq + 1
             informative = gmax != gmin
-            staleness = max(0, (run_step if run_step is not None else body.step) - body.step)
+            # Steps the run's reports had moved past this one's when it committed; stored
+            # per result row, so a replay of the log applies the same weights.
+            staleness = 0 if reported_step is None else max(0, int(reported_step) - body.step)
             n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
             # Core statements, not ORM units of work: the lock is held until commit.
             s.execute(

@@ -463,10 +463,11 @@ def test_operations(client):
 def test_late_report_is_used_down_weighted(client):
     make_run(client, strategy={"name": "beta", "params": {"forgetting": 1.0}})
     client.post("/v1/runs/run-1/plans", json={"batch_size": 2, "step": 5})
+    assert report(client, "ahead", 5, [("set/2", [0, 1, 0, 1])]).status_code == 200
     assert report(client, "late", 2, [("set/1", [1, 1, 1, 1])]).status_code == 200
     p = client.get("/v1/runs/run-1/prompts/set/1").json()
     assert p["rollouts"] == 4  # counted in full
-    assert p["posterior"]["alpha"] == pytest.approx(1 + 4 * 0.8**3)  # 3 steps stale
+    assert p["posterior"]["alpha"] == pytest.approx(1 + 4 * 0.8**3)  # 3 steps behind the latest reported step
 
 
 def test_change_strategy_mid_run(client):
@@ -508,8 +509,8 @@ def test_warm_start_from_earlier_run(client):
     got = {p["id"]: p for p in client.get("/v1/runs/new/prompts").json()["items"]}
     assert got["set/1"]["predicted_pass_rate"] > 0.85 and got["set/2"]["predicted_pass_rate"] < 0.15
     assert got["set/1"]["rollouts"] == 0  # priors only, no history copied
-    assert got["set/3"]["predicted_pass_rate"] == 0.5  # unseen there
-    assert got["set/4"]["predicted_pass_rate"] == 0.5  # the client's prior wins
+    assert got["set/3"]["predicted_pass_rate"] == pytest.approx(0.5)  # unseen there
+    assert got["set/4"]["predicted_pass_rate"] == pytest.approx(0.5)  # the client's prior wins
     lo, hi = got["set/1"]["pass_rate_interval"]
     assert lo < got["set/1"]["predicted_pass_rate"] < hi
 
@@ -554,7 +555,8 @@ def test_extend_caps_at_max_rollouts(client):
         ("dump", "arm_weights", set()),
         ("dps", None, {"p_unsolved", "p_partially_solved", "p_solved"}),
         ("greso", "p_base", {"skip_probability"}),
-        ("default", "skill", {"skill_minus_difficulty", "skill_minus_difficulty_sd"}),
+        ("default", "skill", {"skill_minus_difficulty", "skill_minus_difficulty_sd", "p_stuck", "p_solved"}),
+        ("frontier", "skill", {"skill_minus_difficulty", "skill_minus_difficulty_sd"}),
     ],
 )
 def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_keys):
@@ -570,3 +572,8 @@ def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_
     if strategy == "dps":
         seen = [x for x in p if x["rollouts"]]
         assert all(x["strategy_estimates"]["p_partially_solved"] > 0.4 for x in seen)
+    if strategy == "default":  # mixed groups only: no prompt can be stuck or solved
+        seen = [x for x in p if x["rollouts"]]
+        assert seen and all(x["strategy_estimates"]["p_stuck"] == 0 == x["strategy_estimates"]["p_solved"]
+                            for x in seen)
+        assert "prior_p_stuck" in run["strategy_state"]

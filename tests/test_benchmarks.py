@@ -25,18 +25,26 @@ def test_sim_smoke(tmp_path):
     on_disk = json.loads((tmp_path / "sim.json").read_text())
     assert on_disk["summary"] == json.loads(json.dumps(res["summary"]))
     arms = [s["arm"] for s in res["summary"]]
-    assert set(arms) == set(REGISTRY) | {"dapo", "oracle"}
+    assert set(arms) == set(REGISTRY) | {"dapo", "oracle", "first_sight_oracle"}
     for s in res["summary"]:
         assert SUMMARY_KEYS <= set(s)
         assert 0.0 <= s["effective_ratio"] <= 1.0
     assert (tmp_path / "sim_accuracy.png").stat().st_size > 0
 
 
+@pytest.fixture(scope="module")
+def learner_out(tmp_path_factory):
+    """One output folder for the learner tests: the warm-up checkpoint (cached there per
+    seed and model settings, the same for every test here) is trained once."""
+    return tmp_path_factory.mktemp("learner")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # about half a minute on 2 idle cores; generous for shared CI machines
-def test_learner_smoke(tmp_path):
+def test_learner_smoke(learner_out):
     """The real learner, through real ``rollplan serve`` processes, via the CLI."""
     pytest.importorskip("torch")
+    tmp_path = learner_out
     proc = subprocess.run(
         [sys.executable, "-m", "rollplan.service.cli", "bench", "learner", "--smoke", "--workers", "1",
          "--out", str(tmp_path)],
@@ -58,13 +66,73 @@ def test_learner_smoke(tmp_path):
         assert all(0.0 <= e <= 1.0 for e in run["effective_per_step"])
         steps, used, acc = zip(*run["curve"])
         assert list(used) == sorted(used) and all(0.0 <= a <= 1.0 for a in acc)
+        assert {"brier", "brier_beta", "brier_domain", "share_groups_true_below_0.02", "batch_share_broken",
+                "plan_digests"} <= set(run)
     uniform = next(r for r in res["runs"] if r["arm"] == "uniform")
     assert uniform["final_accuracy"] > uniform["initial_accuracy"], uniform["curve"]
+    assert uniform["driver"] == "plugin" and uniform["brier"] is not None  # through RollplanScheduler
     # The plan → rollout → report loop went through the service.
     assert uniform["service_s"] > 0
     assert (tmp_path / "learner_accuracy.png").stat().st_size > 0
     assert (tmp_path / "learner_effective.png").stat().st_size > 0
     assert list(tmp_path.glob("warmup-seed0-*.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_learner_plugin_path_gives_the_synchronous_curriculum(learner_out):
+    """The strategy arms train through the plugins' RollplanScheduler (plan k + 1
+    prefetched while step k trains, reports from the background queue); with plans asked
+    ahead counted on time, its curriculum is the one of the same calls made
+    synchronously: the same prompts every step, hence the same model. Then four
+    data-parallel reporters and the first-sight oracle, on a harder pool."""
+    pytest.importorskip("torch")
+    from rollplan.benchmarks import learner
+
+    steps, batch = 6, 8
+    base = ["--out", str(learner_out), "--seeds", "1", "--steps", str(steps), "--prompts", "120", "--batch", str(batch),
+            "--workers", "1", "--target", "0.5"]
+    (plugin,) = learner.main(base + ["--arms", "default"])["runs"]
+    (sync,) = learner.main(base + ["--arms", "default", "--sync"])["runs"]
+    assert (plugin["driver"], sync["driver"]) == ("plugin", "client")
+    assert len(plugin["plan_digests"]) == steps and len(set(plugin["plan_digests"])) > 1
+    assert plugin["plan_digests"] == sync["plan_digests"]
+    assert plugin["curve"] == sync["curve"]
+    assert plugin["brier"] == sync["brier"] and plugin["brier_beta"] == sync["brier_beta"]
+
+    res = learner.main(base + ["--arms", "default,first_sight_oracle", "--reporters", "4", "--broken", "0.2"])
+    assert (res["config"]["reporters"], res["config"]["broken"]) == (4, 0.2)
+    rows = {r["arm"]: r for r in res["runs"]}
+    assert rows["default"]["driver"] == "plugin" and rows["default"]["reports"] == 4 * steps
+    assert rows["first_sight_oracle"]["driver"] is None and rows["first_sight_oracle"]["brier"] is None
+    assert rows["default"]["brier"] is not None
+    for r in rows.values():
+        assert r["rollouts"] == steps * batch * res["config"]["rollouts"]
+        for key in ("brier_beta", "brier_domain", "share_groups_true_below_0.02", "share_groups_true_above_0.98",
+                    "batch_share_broken"):
+            assert 0.0 <= r[key] <= 1.0, (r["arm"], key, r[key])
+    assert {s["arm"] for s in res["summary"]} == {"default", "first_sight_oracle"}
+
+
+def test_learner_calibration_references():
+    """Brier scores: the plan's predictions and, before each group is observed, the
+    prompt's Beta(1, 1) posterior mean and its level's running mean reward."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from rollplan.benchmarks import learner
+
+    level = np.array([1, 1, 2])
+    c = learner.Calibration(3, 3)
+    c.add(np.array([0, 2]), np.array([4, 4]), np.array([4.0, 0.0]), level, np.array([0.5, 0.5]))
+    # Prompt 0 again (no prediction: not scored, but it enters the history), prompt 1 first seen.
+    c.add(np.array([0, 1]), np.array([4, 4]), np.array([2.0, 2.0]), level, np.array([np.nan, 0.5]))
+    res = c.result()
+    assert res["brier"] == pytest.approx((0.25 + 0.25 + 0.0) / 3)
+    assert res["brier_beta"] == pytest.approx((0.25 + 0.25 + 0.0) / 3)  # unseen prompt 1: 0.5
+    assert res["brier_domain"] == pytest.approx((0.25 + 0.25 + 0.25) / 3)  # level 1's mean was 1.0
+    assert c.seen().tolist() == [True, True, True] and c.n[0] == 8
+    assert learner.Calibration(2, 2).result() == {"brier": None, "brier_beta": None, "brier_domain": None}
 
 
 def test_cli_knows_the_benchmarks():

@@ -58,6 +58,8 @@ def test_plans_are_per_step_and_prefetched(server_factory, tmp_path):
     with Client(srv.url) as rp:
         stored = rp.plan("core-run", 5, step=1)
         assert not stored.created and [i.prompt_id for i in stored.items] == p1.prompt_ids
+        # the service's predicted pass rates come with the plan, in its order
+        assert p1.predicted_pass_rates == [i.predicted_pass_rate for i in stored.items]
         # reports: queued, sent in the background, idempotent by report id
         a.report(0, [(pid, [1, 0, 1, 0]) for pid in p0.prompt_ids], plan_id=p0.plan_id)
         assert a.flush() == 0
@@ -126,5 +128,6 @@ def test_never_raises_without_a_service(tmp_path):
     assert not s.attach()
     plan = s.plan(0, 3)
     assert plan.source == "uniform" and len(plan) == 3 and plan.rollouts == [8, 8, 8]
+    assert plan.predicted_pass_rates is None
     s.report(0, [(plan.prompt_ids[0], [1.0])])
     assert s.close(timeout=10) == 1

@@ -100,6 +100,8 @@ class LocalPlan:
     """A plan in dataset terms: ``indices[i]`` gets ``rollouts[i]`` rollouts.
 
     ``source`` is ``"service"`` or ``"uniform"`` (the local fallback; ``plan_id`` None).
+    ``predicted_pass_rates[i]`` is the service's predicted pass rate of ``indices[i]``
+    (None for a prompt filled in locally); None for a uniform plan.
     """
 
     step: int
@@ -108,6 +110,7 @@ class LocalPlan:
     rollouts: list[int]
     plan_id: str | None
     source: str
+    predicted_pass_rates: list[float | None] | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -330,12 +333,13 @@ class RollplanScheduler:
         return self._localise(step, plan, batch_size)
 
     def _localise(self, step: int, plan: Any, batch_size: int) -> LocalPlan:
-        indices, pids, rollouts = [], [], []
+        indices, pids, rollouts, predicted = [], [], [], []
         for item in plan.items:
             if item.prompt_id in self.ids:
                 indices.append(self.ids.index(item.prompt_id))
                 pids.append(item.prompt_id)
                 rollouts.append(item.rollouts)
+                predicted.append(item.predicted_pass_rate)
             else:
                 self.stats.unknown_planned_prompts += 1
         missing = batch_size - len(indices)
@@ -349,8 +353,9 @@ class RollplanScheduler:
                 indices.append(i)
                 pids.append(self.ids.id(i))
                 rollouts.append(self.rollouts_per_prompt)
+                predicted.append(None)
         self.stats.service_plans += 1
-        return LocalPlan(step, indices, pids, rollouts, plan.plan_id, "service")
+        return LocalPlan(step, indices, pids, rollouts, plan.plan_id, "service", predicted)
 
     def _uniform(self, step: int, batch_size: int, rollout_budget: int | None) -> LocalPlan:
         """Plain uniform sampling without replacement, identical on every rank for a step."""

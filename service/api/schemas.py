@@ -246,7 +246,11 @@ class GroupIn(Strict):
 class ResultsIn(Strict):
     report_id: Annotated[str, StringConstraints(pattern=PROMPT_ID_PATTERN, min_length=1, max_length=200)]
     plan_id: ShortStr | None = None
-    step: Step = Field(..., description="The step whose policy produced the rollouts.")
+    step: Step = Field(
+        ...,
+        description="The step whose policy produced the rollouts. A report for a step below the run's latest "
+        "reported step (planned steps do not count) is late: its evidence is down-weighted by 0.8 per step behind.",
+    )
     results: list[GroupIn] = Field(
         ..., min_length=1, description="At most the server's max_results_per_report groups (413 above)."
     )

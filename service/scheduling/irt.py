@@ -32,7 +32,27 @@ mean difficulty minus r with variance min(v, the domain's). The
 predicted pass rate integrates the uncertainty with the probit approximation
 σ(x / √(1 + π·v/8)); a Thompson draw samples x ~ N(θ_d − μ_i, v).
 
-Late reports count with weight ``staleness_decay ** staleness`` on n and k.
+**Stuck and solved prompts** (``latent=True``). A prompt's own evidence must win once
+there is enough of it: a wrong label never passes however good the policy gets, a
+trivial prompt always passes. Each prompt carries a latent class z ∈ {stuck (p = 0),
+solved (p = 1), normal (the item-response pass rate)}, with prior shares π_d per domain
+learned from the data (online empirical Bayes: the domain's summed posteriors over its
+seen prompts, pooled with the whole pool's, Beta(1, 19) at the start). A group of n
+rollouts with k successes has likelihood 1[k = 0] under stuck, 1[k = n] under solved,
+and E[pᵏ(1−p)ⁿ⁻ᵏ] under normal — the item-response *predictive* probability, before the
+group is applied, integrated over the logit's Gaussian belief with Gauss–Hermite
+quadrature. Applied group by group this is the exact sequential Bayes factor, so an
+all-fail group weighs more when the prompt's level has improved since it was last seen
+(the item-response model then expected it to pass more often). A mixed group rules out
+both latent classes for good. Between observations the class relaxes toward the prior
+with hazard ``latent_hazard`` per step (a stuck prompt may become reachable, a solved one
+regress). Groups of likely-stuck or -solved prompts count in the domain's skill and in its
+difficulty distribution with the posterior weight of "normal", so wrong labels do not drag
+their level's skill down. Predictions are the mixture, p = P(normal)·p_irt + P(solved);
+a Thompson draw samples the class, then the pass rate.
+
+Late reports (staleness: how far the run's latest reported step was past the report's
+step when it committed) count with weight ``staleness_decay ** staleness`` on n and k.
 All updates are vectorised over the report's groups; repeated prompts in one
 report are applied in rounds, so a batch equals sequential application.
 """
@@ -60,8 +80,14 @@ class SkillDifficultyModel:
         prior_var: float = 4.0,
         min_skill_var: float = 0.005,
         skill_transfer: float = 1.0,
+        latent: bool = False,
+        latent_hazard: float = 0.0,
+        em: bool = False,
     ) -> None:
+        self.em = em
         self.skill_transfer = skill_transfer
+        self.latent = latent
+        self.latent_hazard = latent_hazard
         self.skill_drift = skill_drift
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
@@ -73,27 +99,39 @@ class SkillDifficultyModel:
         self.theta_ = np.zeros(1)
         self.theta_var_ = np.full(1, 1.0)
         self.theta_step_ = np.full(1, -1, np.int64)
-        # Per-domain sums over seen prompts: count, Σμ, Σμ².
-        self.dom_ = np.zeros((1, 3))
+        # Per-domain sums over seen prompts: Σw, Σwμ, Σwμ² (w: the prompt's weight, its
+        # posterior probability of being "normal"; 1 without the latent classes).
+        self.dom_ = np.zeros((1, 4))  # … and Σw/τ (posterior variances, for the EM estimate)
+        self.mom_w_ = np.zeros(0)  # each seen prompt's w in dom_
+        # Latent classes: posterior P(stuck), P(solved) at the prompt's last update.
+        self.q_stuck_ = np.zeros(0)
+        self.q_solved_ = np.zeros(0)
+        # Per-domain sums over seen prompts: count, ΣP(stuck), ΣP(solved).
+        self.lat_ = np.zeros((1, 3))
 
     def grow(self, size: int, n_domains: int) -> None:
         self.mu_ = grow(self.mu_, size, 0.0)
         self.tau_ = grow(self.tau_, size, 0.0)
         self.seen_step_ = grow(self.seen_step_, size, -1)
         self.skill_seen_ = grow(self.skill_seen_, size, 0.0)
+        self.mom_w_ = grow(self.mom_w_, size, 0.0)
+        self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
+        self.q_solved_ = grow(self.q_solved_, size, 0.0)
         if n_domains > self.theta_.shape[0]:
             k = n_domains - self.theta_.shape[0]
             self.theta_ = np.r_[self.theta_, np.zeros(k)]
             self.theta_var_ = np.r_[self.theta_var_, np.ones(k)]
             self.theta_step_ = np.r_[self.theta_step_, np.full(k, -1, np.int64)]
-            self.dom_ = np.vstack([self.dom_, np.zeros((k, 3))])
+            self.dom_ = np.vstack([self.dom_, np.zeros((k, 4))])
+            self.lat_ = np.vstack([self.lat_, np.zeros((k, 3))])
 
     # -- the prior of an unseen prompt ------------------------------------------------
     def domain_difficulty(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of seen difficulties per domain; the prior of unseen prompts."""
         cnt = self.dom_[:, 0]
         mean = np.where(cnt > 0, self.dom_[:, 1] / np.maximum(cnt, 1), self.theta_)
-        var = np.where(cnt > 1, self.dom_[:, 2] / np.maximum(cnt, 1) - mean**2, self.prior_var)
+        second = self.dom_[:, 2] + (self.dom_[:, 3] if self.em else 0.0)
+        var = np.where(cnt > 1, second / np.maximum(cnt, 1) - mean**2, self.prior_var)
         # Few seen prompts: blend toward the broad prior.
         w = cnt / (cnt + 5.0)
         return mean, np.maximum(w * var + (1 - w) * self.prior_var, 0.05)
@@ -141,13 +179,17 @@ class SkillDifficultyModel:
     def _observe_unique(self, o, d, n, k, step, prior_logit, pred=None) -> None:
         mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
+        w = 1.0  # the group's weight in its domain's statistics: P(normal | this group)
+        if self.latent:
+            w = self._observe_latent(o, d, n, k, step, mu, var, th, th_var)
         p = _sigmoid(th - mu)
         info = n * p * (1 - p)
         resid = k - n * p
-        # Domain skill: one Newton step on the report's evidence, drift applied first.
+        # Domain skill: one Newton step on the report's evidence (each group weighted by
+        # P(normal): a wrong label says nothing about the policy's skill), drift applied first.
         D = self.theta_.shape[0]
-        g = np.bincount(d, weights=resid, minlength=D)
-        h = np.bincount(d, weights=info, minlength=D)
+        g = np.bincount(d, weights=w * resid, minlength=D)
+        h = np.bincount(d, weights=w * info, minlength=D)
         touched = np.bincount(d, minlength=D) > 0
         last = np.full(D, -1, np.int64)
         np.maximum.at(last, d, step)
@@ -158,7 +200,8 @@ class SkillDifficultyModel:
         self.theta_var_ = np.where(touched, new_var, self.theta_var_)
         self.theta_step_ = np.where(touched, np.maximum(self.theta_step_, last), self.theta_step_)
         # Prompt difficulty: Laplace update from its belief (prior or drifted posterior),
-        # at the logit the prompt is predicted at (its own skill when skill_transfer < 1).
+        # at the logit the prompt is predicted at (its own skill when skill_transfer < 1);
+        # with the latent classes this is its difficulty *given* that it is normal.
         # Stored relative to the domain's skill now (``skill_seen_``), so that right after
         # the update the prompt sits at its updated logit.
         shift = 0.0
@@ -169,23 +212,90 @@ class SkillDifficultyModel:
             info = n * p * (1 - p)
             shift = th - own
         tau = 1.0 / var + info
-        new_mu = mu - np.clip(resid / tau, -2.0, 2.0) + shift
-        was_seen = self.tau_[o] > 0
-        old = np.stack([was_seen.astype(float), np.where(was_seen, self.mu_[o], 0.0),
-                        np.where(was_seen, self.mu_[o] ** 2, 0.0)], axis=1)
+        new_mu = mu - np.clip(resid / tau, -2.0, 2.0)
+        if self.em:
+            # Newton's method to the posterior mode (the single step above is its first).
+            own = self._prompt_skill(o, th)
+            for _ in range(_MODE_ITERS):
+                p = _sigmoid(own - new_mu)
+                h_mu = 1.0 / var + n * p * (1 - p)
+                new_mu = new_mu - np.clip(((new_mu - mu) / var + (k - n * p)) / h_mu, -2.0, 2.0)
+            tau = 1.0 / var + n * p * (1 - p)
+        new_mu = new_mu + shift
+        old = self._moment_contrib(o)
         self.mu_[o] = new_mu
         self.tau_[o] = tau
         self.seen_step_[o] = np.maximum(self.seen_step_[o], step)
         self.skill_seen_[o] = th
-        new = np.stack([np.ones(o.size), new_mu, new_mu**2], axis=1)
-        np.add.at(self.dom_, d, new - old)
+        self.mom_w_[o] = w
+        np.add.at(self.dom_, d, self._moment_contrib(o) - old)
+    def _moment_contrib(self, o: np.ndarray) -> np.ndarray:
+        """Prompts ``o``'s terms in their domain's difficulty sums: (w, wμ, wμ²), 0 if unseen."""
+        seen = self.tau_[o] > 0
+        wt = np.where(seen, self.mom_w_[o], 0.0)
+        mu = self.mu_[o]
+        return np.stack([wt, wt * mu, wt * mu * mu, wt / np.where(seen, self.tau_[o], 1.0)], axis=1)
+
+    # -- latent classes: stuck (never passes), solved (always passes), normal -----------
+    def latent_prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Prior P(stuck), P(solved) per domain: the domain's summed posteriors over its
+        seen prompts, shrunk toward the pool's (itself shrunk toward 1/20 each)."""
+        tot = self.lat_.sum(axis=0)
+        g = (tot[1:] + _LATENT_A * _LATENT_PRIOR) / (tot[0] + _LATENT_A)
+        dom = (self.lat_[:, 1:] + _LATENT_C * g[None, :]) / (self.lat_[:, :1] + _LATENT_C)
+        return dom[:, 0], dom[:, 1]
+
+    def latent_probs(self, o: np.ndarray, d: np.ndarray, step) -> tuple[np.ndarray, np.ndarray]:
+        """P(stuck), P(solved) of prompts ``o`` at ``step``: the posterior at their last
+        update relaxed toward their domain's prior by the hazard (the prior if unseen)."""
+        ps, pv = self.latent_prior()
+        ps, pv = ps[d], pv[d]
+        if not self.latent:
+            return np.zeros(o.shape), np.zeros(o.shape)
+        seen = self.tau_[o] > 0
+        keep = 1.0
+        if self.latent_hazard > 0:
+            gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
+            keep = (1.0 - self.latent_hazard) ** gap
+        qs = np.where(seen, ps + (self.q_stuck_[o] - ps) * keep, ps)
+        qv = np.where(seen, pv + (self.q_solved_[o] - pv) * keep, pv)
+        return qs, qv
+
+    def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var) -> np.ndarray:
+        """Bayes' rule on the latent class for one group per prompt; returns P(normal)."""
+        qs, qv = self.latent_probs(o, d, step)
+        x = self._prompt_skill(o, th) - mu
+        log_normal = group_loglik(x, var + th_var, n, k)  # item-response predictive, before the update
+        fail = k <= 1e-9
+        win = k >= n - 1e-9
+        qn = np.clip(1.0 - qs - qv, 0.0, 1.0)
+        # Posterior ∝ prior × likelihood, in logs relative to the normal class.
+        with np.errstate(divide="ignore"):
+            ls = np.where(fail, np.log(qs) - log_normal, -np.inf)
+            lv = np.where(win, np.log(qv) - log_normal, -np.inf)
+            ln = np.log(np.maximum(qn, 1e-300))
+        top = np.maximum(np.maximum(ls, lv), ln)
+        es, ev, en = np.exp(ls - top), np.exp(lv - top), np.exp(ln - top)
+        z = es + ev + en
+        new_s, new_v = es / z, ev / z
+        seen = self.tau_[o] > 0
+        old = np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
+                        np.where(seen, self.q_solved_[o], 0.0)], axis=1)
+        self.q_stuck_[o] = new_s
+        self.q_solved_[o] = new_v
+        np.add.at(self.lat_, d, np.stack([np.ones(o.size), new_s, new_v], axis=1) - old)
+        return en / z
 
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
         self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - self.skill_seen_[o])
-        seen = self.tau_[o] > 0
-        c = np.stack([seen.astype(float), np.where(seen, self.mu_[o], 0), np.where(seen, self.mu_[o] ** 2, 0)], 1)
+        c = self._moment_contrib(o)
         np.add.at(self.dom_, old_d, -c)
         np.add.at(self.dom_, new_d, c)
+        seen = self.tau_[o] > 0
+        lat = np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
+                        np.where(seen, self.q_solved_[o], 0.0)], axis=1)
+        np.add.at(self.lat_, old_d, -lat)
+        np.add.at(self.lat_, new_d, lat)
 
     # -- reads ----------------------------------------------------------------------
     def logit(
@@ -197,12 +307,75 @@ class SkillDifficultyModel:
         return self._prompt_skill(o, th) - mu, var + th_var
 
     def predict(self, o, d, prior_logit, step, pred=None) -> np.ndarray:
+        """Predicted pass rate: the item-response mean (probit approximation), mixed with
+        the latent classes when they are on."""
         x, v = self.logit(o, d, prior_logit, step, pred)
-        return _sigmoid(x / np.sqrt(1.0 + np.pi * v / 8.0))
+        p = _sigmoid(x / np.sqrt(1.0 + np.pi * v / 8.0))
+        if not self.latent:
+            return p
+        qs, qv = self.latent_probs(o, d, step)
+        return np.clip(1.0 - qs - qv, 0.0, 1.0) * p + qv
 
-    def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None) -> np.ndarray:
+    def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None, scale: float = 1.0) -> np.ndarray:
+        """A Thompson draw of the pass rate (with the latent class drawn first when on);
+        ``scale`` multiplies the logit's standard deviation (1: a posterior draw)."""
         x, v = self.logit(o, d, prior_logit, step, pred)
-        return _sigmoid(x + np.sqrt(v) * rng.standard_normal(x.shape))
+        p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
+        if not self.latent:
+            return p
+        qs, qv = self.latent_probs(o, d, step)
+        u = rng.random(x.shape)
+        return np.where(u < qs, 0.0, np.where(u < qs + qv, 1.0, p))
+
+    def expected_score(self, o, d, prior_logit, step, n, kind: str = "informative", pred=None) -> np.ndarray:
+        """The posterior expectation of a group's score, P(normal) × E[f(p)] over the
+        logit's Gaussian (Gauss–Hermite); f = 1 − pⁿ − (1−p)ⁿ (P(informative)) or
+        4p(1−p) (learnability). Stuck and solved prompts score 0."""
+        x, v = self.logit(o, d, prior_logit, step, pred)
+        z, wq = _GH
+        p = _sigmoid(x[:, None] + np.sqrt(v)[:, None] * z[None, :])
+        f = 1.0 - p**n - (1.0 - p) ** n if kind == "informative" else 4.0 * p * (1.0 - p)
+        out = f @ wq
+        if not self.latent:
+            return out
+        qs, qv = self.latent_probs(o, d, step)
+        return np.clip(1.0 - qs - qv, 0.0, 1.0) * out
+
+
+def group_loglik(x: np.ndarray, v: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """log E[pᵏ(1−p)ⁿ⁻ᵏ] for p = σ(X), X ~ N(x, v): the predictive probability of one
+    ordered sequence of n rollouts with k successes (the binomial coefficient cancels in
+    every ratio it is used in). Adaptive Gauss–Hermite quadrature: the nodes are centred
+    on the integrand's mode and scaled by its curvature (Laplace), so a likelihood much
+    narrower than the belief is still resolved; log-sum-exp throughout."""
+    x, v, n, k = (np.asarray(a, np.float64) for a in (x, v, n, k))
+
+    m = x.copy()
+    for _ in range(_MODE_ITERS + 2):
+        p = _sigmoid(m)
+        m = m + np.clip((k - n * p - (m - x) / v) / (n * p * (1 - p) + 1.0 / v), -3.0, 3.0)
+    p = _sigmoid(m)
+    sd = 1.0 / np.sqrt(n * p * (1 - p) + 1.0 / v)
+    t, wq = _GH
+    zs = m[:, None] + sd[:, None] * t[None, :]
+    # log of likelihood × the belief's kernel at the nodes, re-weighted for the shift
+    terms = (-k[:, None] * np.logaddexp(0.0, -zs) - (n - k)[:, None] * np.logaddexp(0.0, zs)
+             - (zs - x[:, None]) ** 2 / (2 * v[:, None]) + t[None, :] ** 2 / 2 + np.log(wq)[None, :])
+    top = terms.max(axis=1)
+    return top + np.log(np.exp(terms - top[:, None]).sum(axis=1)) + np.log(sd) - 0.5 * np.log(v)
+
+
+def _gauss_hermite(deg: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights for E[f(Z)], Z ~ N(0, 1)."""
+    z, w = np.polynomial.hermite_e.hermegauss(deg)
+    return z, w / w.sum()
+
+
+_GH = _gauss_hermite()
+# Latent-class prior: Beta(1, 19)-like pseudo-counts for the pool (mean 1/20 each), and
+# the pseudo-count with which a domain is shrunk toward the pool.
+_LATENT_PRIOR, _LATENT_A, _LATENT_C = 0.05, 20.0, 10.0
+_MODE_ITERS = 4
 
 
 def prior_logit(p0: np.ndarray) -> np.ndarray:

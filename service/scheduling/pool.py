@@ -28,7 +28,7 @@ class Observations:
     step: np.ndarray  # int64, the policy step that produced the group
     informative: np.ndarray  # bool, rewards not all equal
     abs_adv: np.ndarray  # float64, mean |advantage| (std-normalised) of the group
-    staleness: np.ndarray  # int64, steps the run had moved past `step` at commit
+    staleness: np.ndarray  # int64, steps the run's latest *reported* step was past `step` at commit
 
     def __len__(self) -> int:
         return int(self.ordinals.shape[0])

@@ -225,12 +225,39 @@ class FrontierParams(StrategyParams):
         "its level's trend — broken and still-unsolved prompts stop looking easier as the level improves).",
     )
     thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
+    thompson_scale: float = Field(
+        1.0, ge=0.0, le=4.0,
+        description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
+        "(1: a posterior draw; smaller: closer to the mean, less exploration).",
+    )
     cooldown: int = Field(
         4,
         ge=0,
         le=1_000_000,
         description="Prompts rolled out in the last `cooldown` steps go last: training on the same few prompts "
         "step after step memorises them instead of teaching the skill.",
+    )
+    latent: bool = Field(
+        False,
+        description="Stuck and solved prompts: each prompt's latent class (never passes / always passes / "
+        "item-response), learned by Bayes' rule from its own groups, so repeated all-fail or all-pass groups "
+        "take it out of the batch while a prompt whose groups turn mixed stays in.",
+    )
+    latent_hazard: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="Per step, how much of a prompt's stuck/solved evidence fades back toward its domain's prior.",
+    )
+    em: bool = Field(
+        False,
+        description="Empirical Bayes by EM: a domain's spread of difficulties includes its prompts' posterior "
+        "variances (the plain moments of shrunk means underestimate it, and the prior then narrows itself), "
+        "and each prompt's update is iterated to its posterior mode.",
+    )
+    score: Literal["informative", "learnability"] = Field(
+        "informative",
+        description="What a candidate is ranked by: informative, P(the group is not all equal) = 1 − pⁿ − (1−p)ⁿ; "
+        "learnability, 4p(1−p) (peaked at p = ½). Of a Thompson draw both rank alike (each is symmetric and "
+        "falls with |p − ½|); of the predictive belief (thompson false) they are posterior expectations.",
     )
     allocator: Allocator = Field("equal", description=f"Rollout allocator: one of {', '.join(ALLOCATORS)}.")
     predictor: bool = Field(
@@ -257,6 +284,9 @@ class Frontier(Strategy):
             skill_drift=p.skill_drift,
             difficulty_drift=p.difficulty_drift,
             skill_transfer=p.skill_transfer,
+            latent=p.latent,
+            latent_hazard=p.latent_hazard,
+            em=p.em,
         )
         pool.trackers["skill"] = SkillTracker(model)
         return pool
@@ -265,8 +295,13 @@ class Frontier(Strategy):
         return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        x, v = pool.trackers["skill"].logit(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
-        return {"skill_minus_difficulty": x, "skill_minus_difficulty_sd": np.sqrt(v)}
+        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
+        step = max(step, pool.step)
+        x, v = tracker.logit(pool, idx, step)
+        out = {"skill_minus_difficulty": x, "skill_minus_difficulty_sd": np.sqrt(v)}
+        if tracker.model.latent:
+            out["p_stuck"], out["p_solved"] = tracker.latent_probs(pool, idx, step)
+        return out
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
         p: FrontierParams = self.params  # type: ignore[assignment]
@@ -274,8 +309,13 @@ class Frontier(Strategy):
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
-        theta = tracker.sample(pool, cand, step, rng) if p.thompson else tracker.predict(pool, cand, step)
-        score = selection.informative_prob(theta, req.rollout_budget / B)
+        n = req.rollout_budget / B
+        if p.thompson:
+            score = selection.informative_prob(tracker.sample(pool, cand, step, rng, p.thompson_scale), n)
+        elif p.latent or p.score != "informative":
+            score = tracker.expected_score(pool, cand, step, n, p.score)
+        else:  # the published frontier: P(informative) at the predictive mean
+            score = selection.informative_prob(tracker.predict(pool, cand, step), n)
         if p.cooldown:
             last = pool.last_step[cand]
             score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one
@@ -665,17 +705,24 @@ class PilotCommit(BetaThompson):
 
 
 class DefaultParams(FrontierParams):
-    thompson: bool = Field(
-        True,
-        description="Score a Thompson draw (default: on the GRPO learner it reached the best held-out accuracy "
-        "at equal rollouts), or the predictive mean.",
+    thompson: bool = Field(True, description="Score a Thompson draw (default), or the predictive mean.")
+    thompson_scale: float = Field(
+        0.5, ge=0.0, le=4.0,
+        description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
+        "(default ½: explores the wide prior of never-seen prompts less than a posterior draw).",
     )
+    latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
+    em: bool = Field(True, description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "
+                     "to the posterior mode (default on).")
 
 
 class Default(Frontier):
     name = "default"
-    description = "The project's best general-purpose strategy (chosen on the benchmarks). Currently: " + (
-        Frontier.description
+    description = (
+        "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
+        "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
+        "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, and a "
+        "Thompson draw at half the posterior's spread, scored by the probability of an informative group."
     )
     Params = DefaultParams
 
@@ -707,3 +754,8 @@ def build(name: str, params: dict | None) -> Strategy:
     ValidationError for bad parameters."""
     cls = REGISTRY[name]
     return cls(cls.Params.model_validate(params or {}))
+
+
+# The baselines (prime_rl, open_instruct) subclass Strategy and add themselves to REGISTRY;
+# imported last so that either module can be imported first.
+from . import baselines as _baselines  # noqa: E402,F401

@@ -49,14 +49,28 @@ class SkillTracker:
             idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, pool.predicted_prior(idx)
         )
 
-    def sample(self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator,
+               scale: float = 1.0) -> np.ndarray:
         return self.model.sample(
-            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, rng, pool.predicted_prior(idx)
+            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, rng, pool.predicted_prior(idx),
+            scale,
         )
+
+    def expected_score(self, pool: PoolState, idx: np.ndarray, step: int, n: float, kind: str) -> np.ndarray:
+        return self.model.expected_score(
+            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, n, kind, pool.predicted_prior(idx)
+        )
+
+    def latent_probs(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.latent_probs(idx, pool.domain[idx], step)
 
     def inspect(self) -> dict:
         D = self.model.theta_.shape[0]
-        return {"skill": self.model.theta_[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
+        out = {"skill": self.model.theta_[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
+        if self.model.latent:
+            ps, pv = self.model.latent_prior()
+            out["prior_p_stuck"], out["prior_p_solved"] = ps[:D].tolist(), pv[:D].tolist()
+        return out
 
 
 class HMMTracker:

@@ -146,7 +146,8 @@ class Result(Base):
     informative: Mapped[bool] = mapped_column(Boolean, nullable=False)
     # Mean |advantage| of the group with std-normalised advantages (0 when all equal).
     abs_adv: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
-    # How many steps the run had moved past the report's step when it committed.
+    # How many steps the run's latest reported step (max step of its earlier reports;
+    # planned steps do not count) was past the report's step when it committed.
     staleness: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     rewards: Mapped[list] = mapped_column(JSON, nullable=False)
 

@@ -1,0 +1,287 @@
+"""The scheduling-quality suite: every arm on several worlds, one matrix.
+
+    rollplan bench suite [--smoke] [--worlds NAME,…] [--arms …] [--learner-arms …] [--seeds 3]
+                         [--learner-seeds 5] [--workers 2] [--out benchmarks/out/suite]
+
+A strategy is good when it wins on worlds it was not tuned on, so ``default`` is chosen
+here by its **worst case** over the worlds of the share of the oracle's gain it captures,
+
+    share = (uniform/arm − 1) / (uniform/oracle − 1)     (rollouts to the target, per seed)
+
+(1: the oracle's saving, 0: uniform's, < 0: worse than uniform), never by one world or a
+mean. Worlds (``WORLDS``): the simulator (``sim``) in configurations that differ in what
+matters — never-solvable prompts, memorisation of trained prompts, the shape of the
+difficulty spread inside a domain, pool size, number of domains and whether domains say
+anything about difficulty — and the real GRPO learner (``learner``) as it is and in a
+harder configuration (a larger pool, 15% wrong labels, a smaller batch). The learner's
+arms talk to a live service through the trainer-plugin core; the simulator's run the
+scheduling core in process.
+
+Per world and arm: rollouts to the target, × vs uniform and vs DAPO (paired per seed), the
+share of the oracle's gain (mean and range over seeds), the effective ratio, where the
+groups went (exact pass rate < 0.02, wrong labels, > 0.98), and the Brier score of the
+arm's predicted pass rates against the observed group means next to a per-prompt Beta and
+the domain mean evaluated on the same groups. The target of a world is 75% of the way from
+uniform's starting held-out accuracy to uniform's lowest best over the seeds (so uniform
+reaches it on every seed). An arm that misses the target on a seed is charged the
+rollouts it used (a lower bound on its cost) in the share.
+
+Writes ``suite.json`` (every run), ``suite_matrix.png`` (arms × worlds, the share) and
+prints one markdown table per world and the matrix with each arm's worst case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..service.scheduling import strategies as strat
+from . import sim
+
+REFERENCE_ARMS = ("uniform", "dapo", "oracle", "first_sight_oracle")
+
+# name -> (kind, description, options). Simulator options are SimConfig fields; the
+# learner's are its command-line options.
+WORLDS: dict[str, tuple[str, str, dict]] = {
+    "sim-base": ("sim", "50k prompts, 8 domains ordered by difficulty, gamma (right-tailed) spread, "
+                 "5% never pass, 10% always pass, memorisation on",
+                 dict(prompts=50_000, steps=800, batch=128)),
+    "sim-clean": ("sim", "50k prompts, light-tailed (normal) spread, no never/always-pass prompts, "
+                  "no memorisation", dict(prompts=50_000, steps=800, batch=128, broken=0.0, trivial=0.0,
+                                          spread="normal", memo_lr=0.0)),
+    "sim-broken15": ("sim", "50k prompts, 15% never pass, 10% always pass, heavy-tailed (lognormal) spread, "
+                     "memorisation on", dict(prompts=50_000, steps=800, batch=128, broken=0.15, spread="lognormal")),
+    "sim-flat-24dom": ("sim", "100k prompts, 24 domains uncorrelated with difficulty, 5% never pass, "
+                       "memorisation off", dict(prompts=100_000, steps=800, batch=256, domains=24,
+                                                domain_offsets=0.0, memo_lr=0.0)),
+    "learner": ("learner", "GRPO on a transformer, addition up to 8 digits, 2,000 prompts, 5% wrong labels, "
+                "batch 32 × 8", dict()),
+    "learner-hard": ("learner", "the learner with 3,000 prompts, 15% wrong labels, batch 16 × 8, each step "
+                     "reported by 4 ranks", dict(prompts=3_000, broken=0.15, batch=16, reporters=4)),
+}
+SMOKE_SIM = dict(prompts=3_000, steps=60, batch=32)
+
+
+def _sim_job(job: dict) -> dict:
+    cfg = sim.SimConfig(**job["cfg"])
+    r = sim.run_arm(job["arm"], cfg, target=float("inf"), eval_every=job["eval_every"])
+    r["world"] = job["world"]
+    return r
+
+
+def auto_target(rows: list[dict]) -> float:
+    """75% of the way from uniform's mean starting accuracy to its lowest best over the seeds."""
+    uni = [r for r in rows if r["arm"] == "uniform"] or rows
+    start = float(np.mean([r["curve"][0][2] for r in uni]))
+    worst = min(max(a for _, _, a in r["curve"]) for r in uni)
+    return round(start + 0.75 * max(worst - start, 0.0), 4)
+
+
+def to_target(curve: list, target: float) -> int | None:
+    for _step, used, acc in curve:
+        if acc >= target:
+            return used
+    return None
+
+
+def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool) -> tuple[list, float]:
+    cfg = dict(opts, **(SMOKE_SIM if smoke else {}))
+    steps = cfg["steps"]
+    jobs = [{"world": name, "arm": a, "cfg": dict(cfg, seed=s), "eval_every": max(1, steps // 100)}
+            for s in range(seeds) for a in arms]
+    if workers > 1:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            rows = list(pool.imap(_sim_job, jobs))
+    else:
+        rows = [_sim_job(j) for j in jobs]
+    target = auto_target(rows)
+    for r in rows:
+        r["rollouts_to_target"] = to_target(r["curve"], target)
+    return rows, target
+
+
+def run_learner_world(name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool,
+                      out: Path) -> tuple[list, float]:
+    from . import learner
+
+    argv = ["--seeds", str(seeds), "--arms", ",".join(arms), "--workers", str(workers), "--out", str(out / name)]
+    if smoke:
+        argv.append("--smoke")
+    for k, v in opts.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    res = learner.main(argv)
+    rows = res["runs"]
+    for r in rows:
+        r["world"] = name
+    return rows, float(res["target"])
+
+
+def matrix(per_world: dict[str, list[dict]], arms: list[str]) -> list[dict]:
+    """Per arm: the share of the oracle's gain on each world, and its worst case and mean."""
+    out = []
+    for arm in arms:
+        shares = {}
+        for w, summary in per_world.items():
+            row = next((s for s in summary if s["arm"] == arm), None)
+            if row is not None and row["oracle_gain_share"] is not None:
+                shares[w] = row["oracle_gain_share"]
+        if not shares:
+            continue
+        out.append({"arm": arm, "shares": shares, "worst": min(shares.values()),
+                    "mean": float(np.mean(list(shares.values()))), "worlds": len(shares)})
+    out.sort(key=lambda r: (-r["worlds"], -r["worst"]))
+    return out
+
+
+def print_matrix(rows: list[dict], worlds: list[str]) -> None:
+    print("\nshare of the oracle's gain, (uniform/arm − 1)/(uniform/oracle − 1), mean over seeds; "
+          "sorted by the worst case over worlds")
+    print("| arm | " + " | ".join(worlds) + " | worst | mean |")
+    print("|---|" + "---:|" * (len(worlds) + 2))
+    for r in rows:
+        cells = [f"{r['shares'][w]:.2f}" if w in r["shares"] else "—" for w in worlds]
+        print(f"| {r['arm']} | " + " | ".join(cells) + f" | **{r['worst']:.2f}** | {r['mean']:.2f} |")
+
+
+def plot_matrix(rows: list[dict], worlds: list[str], path: Path) -> None:
+    plt = sim.pyplot()
+    if plt is None or not rows:
+        return
+    data = np.array([[r["shares"].get(w, np.nan) for w in worlds] for r in rows])
+    fig, ax = plt.subplots(figsize=(1.4 * len(worlds) + 4, 0.32 * len(rows) + 1.8))
+    try:
+        im = ax.imshow(np.clip(data, -0.5, 1.0), cmap="RdYlGn", vmin=-0.5, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(worlds)), worlds, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=7)
+        for i in range(data.shape[0]):
+            for j in range(data.shape[1]):
+                if np.isfinite(data[i, j]):
+                    ax.text(j, i, f"{data[i, j]:.2f}", ha="center", va="center", fontsize=6)
+        fig.colorbar(im, ax=ax, label="share of the oracle's gain")
+        ax.set_title("arms × worlds (sorted by the worst case)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def report(runs: list[dict], worlds: dict, out: Path, meta: dict) -> dict:
+    """Summaries per world, the matrix, the best worst case; prints, writes JSON and the plot."""
+    per_world, arm_order = {}, []
+    for w, info in worlds.items():
+        rows = [r for r in runs if r["world"] == w]
+        w_arms = list(dict.fromkeys(r["arm"] for r in rows))
+        arm_order += [a for a in w_arms if a not in arm_order]
+        per_world[w] = sim.summarise(rows, w_arms)
+        opts = info["options"]
+        ns = argparse.Namespace(prompts=opts.get("prompts", 2_000), steps=opts.get("steps", "(learner default)"),
+                                batch=opts.get("batch", 32), seeds=len({r["seed"] for r in rows}),
+                                target=info["target"])
+        sim.print_table(per_world[w], ns, title=f"world {w} ({info['kind']}: {info['description']})")
+    mat = matrix(per_world, arm_order)
+    print_matrix(mat, list(worlds))
+    candidates = [r for r in mat if r["worlds"] == len(worlds) and sim.arm_strategy(r["arm"])["name"] in strat.REGISTRY]
+    best = candidates[0]["arm"] if candidates else None
+    if best is not None:
+        print(f"\nbest worst case among the strategies run on every world: {best} "
+              f"({candidates[0]['worst']:.2f}; mean {candidates[0]['mean']:.2f})")
+    result = {**meta, "worlds": worlds, "summary": per_world, "matrix": mat, "best_worst_case": best, "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite.json").write_text(json.dumps(result, indent=1))
+    plot_matrix(mat, list(worlds), out / "suite_matrix.png")
+    print(f"wrote {out / 'suite.json'}")
+    return result
+
+
+def merge(paths: list[Path], out: Path) -> dict:
+    runs, worlds, parts = [], {}, []
+    for p in paths:
+        d = json.loads(p.read_text())
+        if "worlds" not in d:  # a learner world's own learner.json (its folder is the world's name)
+            w = p.parent.name
+            kind, desc, opts = WORLDS[w]
+            d = {**d, "worlds": {w: {"kind": kind, "description": desc, "target": d["target"],
+                                      "options": {**opts, "steps": d["config"]["steps"]}}},
+                 "runs": [{**{k: v for k, v in r.items() if k != "effective_per_step"}, "world": w}
+                          for r in d["runs"]]}
+        runs += d["runs"]
+        for w, info in d["worlds"].items():
+            worlds.setdefault(w, info)
+        parts.append({"file": str(p), "args": d.get("args"), "machine": d.get("machine"), "wall_s": d.get("wall_s")})
+    # A world's target is recomputed over all its pooled runs (the same uniform runs give the same target).
+    for w in worlds:
+        rows = [r for r in runs if r["world"] == w]
+        if worlds[w]["kind"] == "sim":
+            worlds[w]["target"] = auto_target(rows)
+            for r in rows:
+                r["rollouts_to_target"] = to_target(r["curve"], worlds[w]["target"])
+    return report(runs, worlds, out, {"merged_from": parts})
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description="Every arm on several simulated and learner worlds; one matrix of the "
+                                 "share of the oracle's gain, default chosen by the worst case.")
+    ap.add_argument("--smoke", action="store_true", help="tiny worlds, one seed (CI)")
+    ap.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of: {', '.join(WORLDS)}")
+    ap.add_argument("--arms", default=None,
+                    help="simulator arms, comma-separated (strategy+param=value&…); default: every registered "
+                    "strategy and " + ", ".join(REFERENCE_ARMS))
+    ap.add_argument("--learner-arms", default=None, help="learner arms; default: the same as --arms")
+    ap.add_argument("--extra-arms", default="", help="arms added to both lists (variants under evaluation)")
+    ap.add_argument("--seeds", type=int, default=3, help="paired seeds per simulator world")
+    ap.add_argument("--learner-seeds", type=int, default=5)
+    ap.add_argument("--learner-steps", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=max(1, min(16, os.cpu_count() or 1)))
+    ap.add_argument("--out", default="benchmarks/out/suite")
+    ap.add_argument("--merge", default=None,
+                    help="comma-separated suite.json files of earlier runs (or a learner world's learner.json, "
+                    "in a folder named after the world): recompute one matrix from their runs (worlds run "
+                    "separately; for a world in several files, the runs are pooled) and run nothing")
+    args = ap.parse_args(argv)
+    if args.merge:
+        return merge([Path(p) for p in args.merge.split(",") if p], Path(args.out))
+    worlds = [w for w in args.worlds.split(",") if w]
+    unknown = [w for w in worlds if w not in WORLDS]
+    if unknown:
+        ap.error(f"unknown world(s): {', '.join(unknown)}")
+    extra = [a for a in args.extra_arms.split(",") if a]
+    arms = (args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + list(REFERENCE_ARMS)) + extra
+    l_arms = (args.learner_arms.split(",") if args.learner_arms else arms[: len(arms) - len(extra)]) + extra
+    if args.smoke:
+        args.seeds, args.learner_seeds = 1, 1
+        l_arms = ["uniform", "default", "oracle"]
+    for need in ("uniform", "oracle"):
+        for lst in (arms, l_arms):
+            if need not in lst:
+                lst.insert(0, need)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    runs, infos = [], {}
+    for w in worlds:
+        kind, desc, opts = WORLDS[w]
+        tw = time.perf_counter()
+        shown = dict(opts, **(SMOKE_SIM if args.smoke and kind == "sim" else {}))
+        if kind == "sim":
+            rows, target = run_sim_world(w, opts, arms, args.seeds, args.workers, args.smoke)
+        else:
+            if args.learner_steps is not None:
+                shown["steps"] = args.learner_steps
+            rows, target = run_learner_world(w, shown, l_arms, args.learner_seeds, args.workers, args.smoke, out)
+        runs += [{k: v for k, v in r.items() if k != "effective_per_step"} for r in rows]
+        infos[w] = {"kind": kind, "description": desc, "options": shown, "target": target,
+                    "wall_s": time.perf_counter() - tw}
+        print(f"world {w}: {infos[w]['wall_s']:.0f} s", flush=True)
+    meta = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "workers": args.workers},
+            "args": vars(args), "wall_s": time.perf_counter() - t0}
+    return report(runs, infos, out, meta)
+
+
+if __name__ == "__main__":
+    main()

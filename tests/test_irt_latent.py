@@ -1,0 +1,187 @@
+"""The item-response model's own-evidence extensions, checked against references:
+the latent stuck/solved classes (Bayes' rule with the item-response predictive), the
+Gauss–Hermite group likelihood (numerical integration), the EM estimate of a domain's
+spread of difficulties, and the strategies that use them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import integrate, special
+
+from rollplan.service.scheduling import strategies as strat
+from rollplan.service.scheduling.irt import SkillDifficultyModel, group_loglik
+from rollplan.service.scheduling.pool import Observations
+
+NAN = np.nan
+
+
+def _quad_loglik(x: float, v: float, n: float, k: float) -> float:
+    f = lambda z: special.expit(z) ** k * special.expit(-z) ** (n - k) * np.exp(-(z - x) ** 2 / (2 * v))  # noqa: E731
+    val, _ = integrate.quad(f, x - 12 * np.sqrt(v), x + 12 * np.sqrt(v), limit=200)
+    return float(np.log(val / np.sqrt(2 * np.pi * v)))
+
+
+@pytest.mark.parametrize("x,v,n,k", [(0.0, 1.0, 8, 0), (1.5, 0.3, 8, 8), (-2.0, 4.0, 16, 3), (0.4, 2.0, 5, 2.5)])
+def test_group_loglik_matches_numerical_integration(x, v, n, k):
+    got = group_loglik(np.array([x]), np.array([v]), np.array([float(n)]), np.array([float(k)]))[0]
+    assert got == pytest.approx(_quad_loglik(x, v, n, k), abs=2e-3)
+
+
+def _model(**kw) -> SkillDifficultyModel:
+    m = SkillDifficultyModel(latent=True, **kw)
+    m.grow(100, 1)
+    return m
+
+
+def _obs(m, o, n, k, step):
+    o = np.atleast_1d(np.asarray(o, np.int64))
+    m.observe(o, np.zeros(o.size, np.int64), np.full(o.size, float(n)), np.broadcast_to(np.asarray(k, float), o.shape).copy(),
+              np.full(o.size, step, np.int64), np.full(o.size, NAN))
+
+
+def test_first_all_fail_group_is_bayes_rule_with_the_predictive():
+    m = _model()
+    ps, pv = (a[0] for a in m.latent_prior())
+    mu, var = m._belief(np.array([0]), np.array([0]), np.array([NAN]), 0)
+    th, th_var = m._skill(np.array([0]), 0)
+    lik_normal = np.exp(_quad_loglik(float(th[0] - mu[0]), float(var[0] + th_var[0]), 8, 0))
+    want = ps / (ps + (1 - ps - pv) * lik_normal)
+    _obs(m, 0, 8, 0, 0)
+    qs, qv = m.latent_probs(np.array([0]), np.array([0]), 0)
+    assert qs[0] == pytest.approx(want, rel=1e-3)
+    assert qv[0] == 0.0  # a failure rules out "always passes"
+
+
+def test_a_mixed_group_rules_out_both_latent_classes():
+    m = _model()
+    _obs(m, 0, 8, 0, 0)
+    _obs(m, 0, 8, 0, 1)
+    assert m.latent_probs(np.array([0]), np.array([0]), 1)[0][0] > 0.3
+    _obs(m, 0, 8, 3, 2)
+    qs, qv = m.latent_probs(np.array([0]), np.array([0]), 2)
+    assert qs[0] == 0.0 and qv[0] == 0.0
+
+
+def test_stuck_evidence_grows_faster_while_the_domain_improves():
+    """Prompt 0 fails every group while the domain's other prompts pass more and more:
+    its P(stuck) rises with each all-fail group, and more than for a prompt that fails
+    as often in a domain that does not improve."""
+    improving, flat = _model(), _model()
+    others = np.arange(1, 61)
+    q_imp, q_flat = [], []
+    for step in range(6):
+        _obs(improving, others, 8, min(1 + step, 7), step)
+        _obs(flat, others, 8, 1, step)
+        for m, out in ((improving, q_imp), (flat, q_flat)):
+            _obs(m, 0, 8, 0, step)
+            out.append(m.latent_probs(np.array([0]), np.array([0]), step)[0][0])
+    assert np.all(np.diff(q_imp) > 0)
+    assert q_imp[-1] > 0.9
+    assert q_imp[-1] > q_flat[-1]
+    # and its prediction no longer follows its level up
+    assert improving.predict(np.array([0]), np.array([0]), np.array([NAN]), 6)[0] < 0.05
+    assert improving.predict(np.array([70]), np.array([0]), np.array([NAN]), 6)[0] > 0.5
+
+
+def test_all_pass_streak_makes_a_prompt_solved_and_hazard_relaxes_it():
+    m = _model(latent_hazard=0.05)
+    _obs(m, np.arange(1, 41), 8, 4, 0)
+    for step in range(4):
+        _obs(m, 0, 8, 8, step)
+    qs, qv = m.latent_probs(np.array([0]), np.array([0]), 3)
+    assert qv[0] > 0.5 and qs[0] == 0.0
+    later = m.latent_probs(np.array([0]), np.array([0]), 200)[1][0]
+    prior = m.latent_prior()[1][0]
+    assert later == pytest.approx(prior + (qv[0] - prior) * 0.95**197, rel=1e-9)
+
+
+def test_wrong_labels_do_not_drag_their_domains_skill_down():
+    """Half the groups are wrong labels (0/8 every time): with the latent classes the
+    domain's skill stays near the skill the other half shows (4/8 ≈ logit 0)."""
+    plain = SkillDifficultyModel()
+    plain.grow(200, 1)
+    latent = _model()
+    latent.grow(200, 1)
+    good, bad = np.arange(0, 100), np.arange(100, 200)
+    for step in range(8):
+        for m in (plain, latent):
+            _obs(m, good, 8, 4, step)
+            _obs(m, bad, 8, 0, step)
+    assert latent.latent_probs(bad, np.zeros(100, np.int64), 8)[0].mean() > 0.9
+    # A seen good prompt sits near 0.5 in the latent model; the plain model drags it down.
+    p_lat = latent.predict(good[:1], np.zeros(1, np.int64), np.array([NAN]), 8)[0]
+    p_plain = plain.predict(good[:1], np.zeros(1, np.int64), np.array([NAN]), 8)[0]
+    assert abs(p_lat - 0.5) < 0.08
+    assert abs(p_lat - 0.5) < abs(p_plain - 0.5)
+
+
+def test_em_spread_is_closer_to_the_truth_than_moments_of_shrunk_means():
+    rng = np.random.default_rng(0)
+    true_b = 2.0 * rng.standard_normal(400)  # difficulty sd 2: variance 4
+    est = {}
+    for em in (False, True):
+        m = SkillDifficultyModel(em=em, skill_drift=0.0)
+        m.grow(400, 1)
+        m.theta_[:] = 0.0
+        for step in range(3):
+            k = rng.binomial(8, special.expit(-true_b)).astype(float)
+            m.observe(np.arange(400), np.zeros(400, np.int64), np.full(400, 8.0), k, np.full(400, step, np.int64),
+                      np.full(400, NAN))
+        est[em] = m.domain_difficulty()[1][0]
+    assert est[True] > est[False]
+    assert abs(est[True] - 4.0) < abs(est[False] - 4.0)
+    assert 2.5 < est[True] < 6.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 8)), min_size=1, max_size=30), st.randoms())
+def test_a_report_is_its_rounds_in_order_and_order_free_within_a_round(groups, rnd):
+    """Repeated prompts in one report are applied in rounds (the r-th occurrence of every
+    prompt in round r): the same as sending the rounds as consecutive reports; and the
+    order of the groups inside a round does not matter."""
+    o = np.array([g[0] for g in groups], np.int64)
+    k = np.array([g[1] for g in groups], float)
+    a, b = _model(em=True), _model(em=True)
+    z = np.zeros(o.size, np.int64)
+    a.observe(o, z, np.full(o.size, 8.0), k, z, np.full(o.size, NAN))
+    rank = np.array([int(np.sum(o[:i] == o[i])) for i in range(o.size)])
+    for r in range(rank.max() + 1):
+        sel = np.flatnonzero(rank == r)
+        sel = np.array(rnd.sample(list(sel), len(sel)), np.int64)
+        _obs(b, o[sel], 8, k[sel], 0)
+    idx = np.arange(6)
+    for arr in ("mu_", "tau_", "q_stuck_", "q_solved_"):
+        np.testing.assert_allclose(getattr(a, arr)[idx], getattr(b, arr)[idx], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(a.theta_, b.theta_, rtol=1e-9, atol=1e-12)
+
+
+def _observations(o, n, k, step):
+    o = np.asarray(o, np.int64)
+    n = np.asarray(n, np.int64)
+    k = np.asarray(k, float)
+    p = k / n
+    return Observations(o, n, k, np.full(o.size, step, np.int64), (k > 0) & (k < n), 2 * np.sqrt(p * (1 - p)),
+                        np.zeros(o.size, np.int64))
+
+
+def test_default_drops_wrong_labels_after_two_all_fail_groups():
+    """A pool of 1,000 prompts in one domain, 10% wrong labels: after every prompt has had
+    two groups (wrong labels 0/8, the rest mixed), the wrong labels' share of the next
+    plans is at most a quarter of their share of the pool."""
+    s = strat.build("default", {})
+    pool = s.make_pool()
+    P = 1_000
+    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+    broken = np.arange(P) % 10 == 0
+    rng = np.random.default_rng(1)
+    for step in range(2):
+        k = np.where(broken, 0, rng.integers(2, 7, P))
+        pool.observe(_observations(np.arange(P), np.full(P, 8), k, step))
+    picks = []
+    for step in range(2, 12):
+        d = s.plan(pool, strat.PlanRequest(64, 512, 1, 64, step), strat.plan_rng("t", step, "default"))
+        picks.append(broken[d.ordinals].mean())
+    assert np.mean(picks) <= 0.25 * broken.mean()
