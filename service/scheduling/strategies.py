@@ -707,9 +707,10 @@ class PilotCommit(BetaThompson):
 class DefaultParams(FrontierParams):
     thompson: bool = Field(True, description="Score a Thompson draw (default), or the predictive mean.")
     thompson_scale: float = Field(
-        0.5, ge=0.0, le=4.0,
+        0.25, ge=0.0, le=4.0,
         description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
-        "(default ½: explores the wide prior of never-seen prompts less than a posterior draw).",
+        "(default ¼, chosen on the suite: explores the wide prior of never-seen prompts less than a "
+        "posterior draw).",
     )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
     em: bool = Field(True, description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "
@@ -722,7 +723,7 @@ class Default(Frontier):
         "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
         "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, and a "
-        "Thompson draw at half the posterior's spread, scored by the probability of an informative group."
+        "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group."
     )
     Params = DefaultParams
 
