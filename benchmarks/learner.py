@@ -353,52 +353,6 @@ def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
 ORACLE_ARMS = ("oracle", "first_sight_oracle")
 
 
-class Calibration:
-    """Brier scores of predicted pass rates against observed group means: the arm's own
-    predictions (the plan items') and two references scored on the same groups before
-    each is observed: the prompt's own Beta(1, 1) posterior mean over its past groups
-    (no forgetting) and the running mean reward (mean of past group means) of its level,
-    0.5 before any. Every observed group enters the history; a group without a
-    prediction (NaN: a prompt a scheduler filled in locally) is not scored."""
-
-    def __init__(self, prompts: int, levels: int) -> None:
-        self.s = np.zeros(prompts)
-        self.n = np.zeros(prompts)
-        self.lvl = np.zeros((levels, 2))  # per level: sum of past group means, past groups
-        self.sq = np.zeros(3)  # brier, brier_beta, brier_domain
-        self.groups = 0
-        self.has_predictions = False
-
-    def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray,
-            predicted: np.ndarray | None = None) -> None:
-        if idx.size == 0:
-            return
-        obs = k / n
-        beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
-        lv = level[idx]
-        dom = np.where(self.lvl[lv, 1] > 0, self.lvl[lv, 0] / np.maximum(self.lvl[lv, 1], 1), 0.5)
-        scored = np.ones(idx.size, bool) if predicted is None else np.isfinite(predicted)
-        if predicted is not None:
-            self.has_predictions = True
-            self.sq[0] += float(np.sum((predicted[scored] - obs[scored]) ** 2))
-        self.sq[1] += float(np.sum((beta - obs)[scored] ** 2))
-        self.sq[2] += float(np.sum((dom - obs)[scored] ** 2))
-        self.groups += int(scored.sum())
-        np.add.at(self.s, idx, k)
-        np.add.at(self.n, idx, n)
-        np.add.at(self.lvl, lv, np.stack([obs, np.ones(idx.size)], axis=1))
-
-    def seen(self) -> np.ndarray:
-        """The prompts rolled out at least once so far."""
-        return self.n > 0
-
-    def result(self) -> dict:
-        g = max(self.groups, 1)
-        return {"brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
-                "brier_beta": float(self.sq[1] / g) if self.groups else None,
-                "brier_domain": float(self.sq[2] / g) if self.groups else None}
-
-
 @dataclass
 class StepPlan:
     """A plan in pool terms: prompt ``idx[j]`` gets ``counts[j]`` rollouts."""
@@ -578,11 +532,9 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     true_p_bins = np.zeros((2, 3), np.int64)  # [first time trained, trained before] × bin
     # Own-evidence checks: picks of wrong labels after 2 all-fail groups, and of prompts after
     # 3 all-pass groups in a row, against what uniform sampling would give them.
-    fails = np.zeros(cfg.prompts, np.int64)
-    pass_streak = np.zeros(cfg.prompts, np.int64)
-    own = np.zeros(4)  # stuck picks, stuck expected, solved picks, solved expected
+    own = sim.OwnEvidence(cfg.prompts)
     level = np.asarray(world.pool.level, np.int64)
-    calib = Calibration(cfg.prompts, cfg.width + 1)
+    calib = sim.Calibration(cfg.prompts, cfg.width + 1)
     cur = None  # the service arms' plan of this step, when it was fetched ahead
 
     def exact(idx: np.ndarray) -> np.ndarray:
@@ -676,11 +628,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
             np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
             np.add.at(picks, idx, 1)
         if idx.size and arm != "dapo":
-            stuck = world.pool.broken & (fails >= 2)
-            solved = pass_streak >= 3
-            own += (stuck[idx].sum(), idx.size * stuck.mean(), solved[idx].sum(), idx.size * solved.mean())
-            np.add.at(fails, idx, (k <= 0).astype(np.int64))
-            pass_streak[idx] = np.where(k >= counts, pass_streak[idx] + 1, 0)
+            own.add(idx, counts, k, world.pool.broken)
         eff_per_step.append(step_inf / max(step_used, 1))
         model.train()
         for g in opt.param_groups:
@@ -719,8 +667,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
                                    for lv in np.unique(world.pool.level)},
         "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
         # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
-        "stuck_pick_rate": float(own[0] / own[1]) if own[1] else None,
-        "solved_pick_rate": float(own[2] / own[3]) if own[3] else None,
+        **own.result(),
         "distinct_prompts_trained": int((picks > 0).sum()),
         "trained_true_pass_rate_share": {
             who: dict(zip(("below_0.02", "0.02_to_0.98", "above_0.98"), (row / max(true_p_bins.sum(), 1)).round(4).tolist()))
@@ -755,13 +702,6 @@ def _concat_kept(parts, device):
 
 
 # -- the benchmark ---------------------------------------------------------------------
-def rollouts_to_target(curve: list, target: float) -> int | None:
-    for _step, used, acc in curve:
-        if acc >= target:
-            return used
-    return None
-
-
 def _warmup_job(args: tuple) -> dict:
     cfg_d, seed, device, cache, threads = args
     torch.set_num_threads(threads)
@@ -848,7 +788,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
     target = _target(args.target, rows)
     for r in rows:
-        r["rollouts_to_target"] = rollouts_to_target(r["curve"], target)
+        r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
     summary = sim.summarise(rows, arms)
     args.target, args.prompts, args.steps, args.batch = target, cfg.prompts, cfg.steps, cfg.batch
     args.broken, args.reporters, args.sync, args.prefetch = cfg.broken, cfg.reporters, cfg.sync, cfg.prefetch
@@ -871,12 +811,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _target(spec: str, rows: list[dict]) -> float:
-    if spec != "auto":
-        return float(spec)
-    uni = [r for r in rows if r["arm"] == "uniform"] or rows
-    start = float(np.mean([r["initial_accuracy"] for r in uni]))
-    worst = min(max(a for _, _, a in r["curve"]) for r in uni)
-    return round(start + 0.75 * max(worst - start, 0.0), 3)
+    return float(spec) if spec != "auto" else sim.auto_target(rows, digits=3)
 
 
 def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:

@@ -138,38 +138,96 @@ BASELINE_ARMS = ("dapo", "oracle", "first_sight_oracle")
 
 
 class Calibration:
-    """Brier scores of predicted pass rates against observed group means, for the arm's
-    own predictions and two references evaluated on the same groups before they are
-    applied: each prompt's own Beta(1, 1) posterior mean (its whole history, no
-    forgetting) and its domain's running mean reward."""
+    """Brier scores of predicted pass rates against observed group means: the arm's own
+    predictions (the plan items') and two references scored on the same groups before
+    each is observed: the prompt's own Beta(1, 1) posterior mean over its past groups
+    (no forgetting) and the running mean reward (mean of past group means) of its level,
+    0.5 before any. Every observed group enters the history; a group without a
+    prediction (NaN: a prompt a scheduler filled in locally) is not scored."""
 
-    def __init__(self, prompts: int, domains: int) -> None:
+    def __init__(self, prompts: int, levels: int) -> None:
         self.s = np.zeros(prompts)
         self.n = np.zeros(prompts)
-        self.dom = np.zeros((domains, 2))
-        self.sq = {"brier": 0.0, "brier_beta": 0.0, "brier_domain": 0.0}
+        self.lvl = np.zeros((levels, 2))  # per level: sum of past group means, past groups
+        self.sq = np.zeros(3)  # brier, brier_beta, brier_domain
         self.groups = 0
+        self.has_predictions = False
 
-    def add(self, idx, n, k, domain, predicted=None) -> None:
+    def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray,
+            predicted: np.ndarray | None = None) -> None:
+        if idx.size == 0:
+            return
         obs = k / n
         beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
-        d = domain[idx]
-        dm = np.where(self.dom[d, 1] > 0, self.dom[d, 0] / np.maximum(self.dom[d, 1], 1), 0.5)
+        lv = level[idx]
+        dom = np.where(self.lvl[lv, 1] > 0, self.lvl[lv, 0] / np.maximum(self.lvl[lv, 1], 1), 0.5)
+        scored = np.ones(idx.size, bool) if predicted is None else np.isfinite(predicted)
         if predicted is not None:
-            self.sq["brier"] += float(np.sum((predicted - obs) ** 2))
-        self.sq["brier_beta"] += float(np.sum((beta - obs) ** 2))
-        self.sq["brier_domain"] += float(np.sum((dm - obs) ** 2))
-        self.groups += idx.size
+            self.has_predictions = True
+            self.sq[0] += float(np.sum((predicted[scored] - obs[scored]) ** 2))
+        self.sq[1] += float(np.sum((beta - obs)[scored] ** 2))
+        self.sq[2] += float(np.sum((dom - obs)[scored] ** 2))
+        self.groups += int(scored.sum())
         np.add.at(self.s, idx, k)
         np.add.at(self.n, idx, n)
-        np.add.at(self.dom, d, np.stack([obs, np.ones(idx.size)], axis=1))
+        np.add.at(self.lvl, lv, np.stack([obs, np.ones(idx.size)], axis=1))
 
-    def result(self, has_predictions: bool) -> dict:
+    def seen(self) -> np.ndarray:
+        """The prompts rolled out at least once so far."""
+        return self.n > 0
+
+    def result(self) -> dict:
         g = max(self.groups, 1)
-        out = {k: v / g for k, v in self.sq.items()}
-        if not has_predictions:
-            out["brier"] = None
-        return out
+        return {"brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
+                "brier_beta": float(self.sq[1] / g) if self.groups else None,
+                "brier_domain": float(self.sq[2] / g) if self.groups else None}
+
+
+class OwnEvidence:
+    """Whether a prompt's own evidence takes it out of the batch: picks of wrong labels that
+    already had 2 all-fail groups, and of prompts with 3+ all-pass groups in a row, each
+    against uniform sampling's expectation (the set's share of the pool × the batch)."""
+
+    def __init__(self, prompts: int) -> None:
+        self.fails = np.zeros(prompts, np.int64)
+        self.pass_streak = np.zeros(prompts, np.int64)
+        self.sums = np.zeros(4)  # stuck picks, stuck expected, solved picks, solved expected
+
+    def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, broken: np.ndarray) -> None:
+        """One step's groups (distinct prompts ``idx``), before they are applied."""
+        if idx.size == 0:
+            return
+        stuck = broken & (self.fails >= 2)
+        solved = self.pass_streak >= 3
+        self.sums += (stuck[idx].sum(), idx.size * stuck.mean(), solved[idx].sum(), idx.size * solved.mean())
+        np.add.at(self.fails, idx, (k <= 0).astype(np.int64))
+        self.pass_streak[idx] = np.where(k >= n, self.pass_streak[idx] + 1, 0)
+
+    def result(self) -> dict:
+        s = self.sums
+        return {
+            # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
+            "stuck_pick_rate": float(s[0] / s[1]) if s[1] else None,
+            # picks of prompts with ≥ 3 all-pass groups in a row / uniform's expectation.
+            "solved_pick_rate": float(s[2] / s[3]) if s[3] else None,
+        }
+
+
+def auto_target(rows: list[dict], digits: int = 4) -> float:
+    """A world's target held-out accuracy: 75% of the way from uniform's mean starting
+    accuracy to its lowest best over the seeds (so uniform reaches it on every seed)."""
+    uni = [r for r in rows if r["arm"] == "uniform"] or rows
+    start = float(np.mean([r["curve"][0][2] for r in uni]))
+    worst = min(max(a for _, _, a in r["curve"]) for r in uni)
+    return round(start + 0.75 * max(worst - start, 0.0), digits)
+
+
+def rollouts_to_target(curve: list, target: float) -> int | None:
+    """Cumulative rollouts at the first evaluation that reached ``target`` (None: never)."""
+    for _step, used, acc in curve:
+        if acc >= target:
+            return used
+    return None
 
 
 def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
@@ -189,12 +247,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     pool = strategy.make_pool() if strategy else PoolState()
     pool.set_prompts(np.arange(cfg.prompts), learner.domain, np.full(cfg.prompts, np.nan))
     calib = Calibration(cfg.prompts, cfg.domains)
-    seen = np.zeros(cfg.prompts, bool)
-    # Own-evidence checks: wrong labels after 2 all-fail groups, prompts after 3 all-pass
-    # groups in a row — their picks against what uniform sampling would give them.
-    fails = np.zeros(cfg.prompts, np.int64)
-    pass_streak = np.zeros(cfg.prompts, np.int64)
-    stuck_picks = stuck_expected = solved_picks = solved_expected = 0.0
+    own = OwnEvidence(cfg.prompts)
     used = informative = 0
     # Where the trained groups sat: exact pass rate < 0.02, in between, > 0.98; broken; trivial.
     where = np.zeros(5)
@@ -227,6 +280,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
                 p = learner.pass_rate(cand)
                 if arm == "first_sight_oracle":
                     true_all = learner.pass_rate()
+                    seen = calib.seen()
                     cnt = np.bincount(learner.domain[seen], minlength=cfg.domains)
                     dmean = np.bincount(learner.domain[seen], weights=true_all[seen], minlength=cfg.domains)
                     overall = true_all[seen].mean() if seen.any() else 0.5
@@ -243,21 +297,13 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             used += int(n.sum())
             informative += int(n[(k > 0) & (k < n)].sum())
         if idx.size:
-            stuck = learner.broken & (fails >= 2)
-            solved = pass_streak >= 3
-            stuck_picks += stuck[idx].sum()
-            stuck_expected += idx.size * stuck.mean()
-            solved_picks += solved[idx].sum()
-            solved_expected += idx.size * solved.mean()
-            np.add.at(fails, idx, (k <= 0).astype(np.int64))
-            pass_streak[idx] = np.where(k >= n, pass_streak[idx] + 1, 0)
+            own.add(idx, n, k, learner.broken)
             tp = learner.pass_rate(idx)
             np.add.at(where, np.digitize(tp, [0.02, 0.98]), 1)
             where[3] += learner.broken[idx].sum()
             where[4] += learner.trivial[idx].sum()
             groups_total += idx.size
             calib.add(idx, n, k, learner.domain, predicted)
-            seen[idx] = True
         if strategy is not None:
             pool.observe(_observations(idx, n, k, step))
         learner.train(idx, n, k, B)
@@ -272,11 +318,8 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
         "effective_ratio": informative / max(used, 1), "final_accuracy": curve[-1][2],
         "share_groups_true_below_0.02": float(share[0]), "share_groups_true_above_0.98": float(share[2]),
         "batch_share_broken": float(share[3]), "batch_share_trivial": float(share[4]),
-        # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
-        "stuck_pick_rate": float(stuck_picks / stuck_expected) if stuck_expected else None,
-        # picks of prompts with ≥ 3 all-pass groups in a row / uniform's expectation.
-        "solved_pick_rate": float(solved_picks / solved_expected) if solved_expected else None,
-        **calib.result(strategy is not None),
+        **own.result(),
+        **calib.result(),
         "wall_s": time.perf_counter() - t0, "curve": curve,
     }
 

@@ -76,21 +76,6 @@ def _sim_job(job: dict) -> dict:
     return r
 
 
-def auto_target(rows: list[dict]) -> float:
-    """75% of the way from uniform's mean starting accuracy to its lowest best over the seeds."""
-    uni = [r for r in rows if r["arm"] == "uniform"] or rows
-    start = float(np.mean([r["curve"][0][2] for r in uni]))
-    worst = min(max(a for _, _, a in r["curve"]) for r in uni)
-    return round(start + 0.75 * max(worst - start, 0.0), 4)
-
-
-def to_target(curve: list, target: float) -> int | None:
-    for _step, used, acc in curve:
-        if acc >= target:
-            return used
-    return None
-
-
 def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool) -> tuple[list, float]:
     cfg = dict(opts, **(SMOKE_SIM if smoke else {}))
     steps = cfg["steps"]
@@ -101,9 +86,9 @@ def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: i
             rows = list(pool.imap(_sim_job, jobs))
     else:
         rows = [_sim_job(j) for j in jobs]
-    target = auto_target(rows)
+    target = sim.auto_target(rows)
     for r in rows:
-        r["rollouts_to_target"] = to_target(r["curve"], target)
+        r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
     return rows, target
 
 
@@ -219,9 +204,9 @@ def merge(paths: list[Path], out: Path) -> dict:
     for w in worlds:
         rows = [r for r in runs if r["world"] == w]
         if worlds[w]["kind"] == "sim":
-            worlds[w]["target"] = auto_target(rows)
+            worlds[w]["target"] = sim.auto_target(rows)
             for r in rows:
-                r["rollouts_to_target"] = to_target(r["curve"], worlds[w]["target"])
+                r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], worlds[w]["target"])
     return report(runs, worlds, out, {"merged_from": parts})
 
 

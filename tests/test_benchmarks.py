@@ -117,13 +117,12 @@ def test_learner_plugin_path_gives_the_synchronous_curriculum(learner_out):
 def test_learner_calibration_references():
     """Brier scores: the plan's predictions and, before each group is observed, the
     prompt's Beta(1, 1) posterior mean and its level's running mean reward."""
-    pytest.importorskip("torch")
     import numpy as np
 
-    from rollplan.benchmarks import learner
+    from rollplan.benchmarks import sim
 
     level = np.array([1, 1, 2])
-    c = learner.Calibration(3, 3)
+    c = sim.Calibration(3, 3)
     c.add(np.array([0, 2]), np.array([4, 4]), np.array([4.0, 0.0]), level, np.array([0.5, 0.5]))
     # Prompt 0 again (no prediction: not scored, but it enters the history), prompt 1 first seen.
     c.add(np.array([0, 1]), np.array([4, 4]), np.array([2.0, 2.0]), level, np.array([np.nan, 0.5]))
@@ -132,7 +131,7 @@ def test_learner_calibration_references():
     assert res["brier_beta"] == pytest.approx((0.25 + 0.25 + 0.0) / 3)  # unseen prompt 1: 0.5
     assert res["brier_domain"] == pytest.approx((0.25 + 0.25 + 0.25) / 3)  # level 1's mean was 1.0
     assert c.seen().tolist() == [True, True, True] and c.n[0] == 8
-    assert learner.Calibration(2, 2).result() == {"brier": None, "brier_beta": None, "brier_domain": None}
+    assert sim.Calibration(2, 2).result() == {"brier": None, "brier_beta": None, "brier_domain": None}
 
 
 def test_cli_knows_the_benchmarks():
@@ -143,11 +142,11 @@ def test_cli_knows_the_benchmarks():
 
 def test_rollouts_to_target_and_auto_target():
     pytest.importorskip("torch")
-    from rollplan.benchmarks import learner
+    from rollplan.benchmarks import learner, sim
 
     curve = [(0, 0, 0.2), (5, 100, 0.25), (10, 200, 0.4)]
-    assert learner.rollouts_to_target(curve, 0.25) == 100
-    assert learner.rollouts_to_target(curve, 0.5) is None
+    assert sim.rollouts_to_target(curve, 0.25) == 100
+    assert sim.rollouts_to_target(curve, 0.5) is None
     rows = [{"arm": "uniform", "initial_accuracy": 0.2, "curve": curve},
             {"arm": "uniform", "initial_accuracy": 0.2, "curve": [(0, 0, 0.2), (10, 200, 0.3)]}]
     assert learner._target("auto", rows) == pytest.approx(0.275)  # 75% of the way to the worst uniform seed

@@ -41,10 +41,10 @@ def test_summarise_pairs_seeds_and_charges_a_miss_its_rollouts():
 def test_auto_target_and_rollouts_to_target():
     uni = [{"arm": "uniform", "curve": [(0, 0, 0.2), (1, 10, 0.5), (2, 20, 0.6)]},
            {"arm": "uniform", "curve": [(0, 0, 0.2), (1, 10, 0.4), (2, 20, 0.44)]}]
-    t = suite.auto_target(uni)
+    t = sim.auto_target(uni)
     assert t == pytest.approx(0.2 + 0.75 * (0.44 - 0.2))
-    assert suite.to_target(uni[0]["curve"], t) == 10
-    assert suite.to_target(uni[1]["curve"], 0.9) is None
+    assert sim.rollouts_to_target(uni[0]["curve"], t) == 10
+    assert sim.rollouts_to_target(uni[1]["curve"], 0.9) is None
 
 
 def test_matrix_orders_by_the_worst_case():

@@ -229,8 +229,9 @@ class SkillDifficultyModel:
         self.skill_seen_[o] = th
         self.mom_w_[o] = w
         np.add.at(self.dom_, d, self._moment_contrib(o) - old)
+
     def _moment_contrib(self, o: np.ndarray) -> np.ndarray:
-        """Prompts ``o``'s terms in their domain's difficulty sums: (w, wμ, wμ²), 0 if unseen."""
+        """Prompts ``o``'s terms in their domain's difficulty sums: (w, wμ, wμ², w/τ), 0 if unseen."""
         seen = self.tau_[o] > 0
         wt = np.where(seen, self.mom_w_[o], 0.0)
         mu = self.mu_[o]
@@ -248,10 +249,10 @@ class SkillDifficultyModel:
     def latent_probs(self, o: np.ndarray, d: np.ndarray, step) -> tuple[np.ndarray, np.ndarray]:
         """P(stuck), P(solved) of prompts ``o`` at ``step``: the posterior at their last
         update relaxed toward their domain's prior by the hazard (the prior if unseen)."""
-        ps, pv = self.latent_prior()
-        ps, pv = ps[d], pv[d]
         if not self.latent:
             return np.zeros(o.shape), np.zeros(o.shape)
+        ps, pv = self.latent_prior()
+        ps, pv = ps[d], pv[d]
         seen = self.tau_[o] > 0
         keep = 1.0
         if self.latent_hazard > 0:
@@ -268,7 +269,7 @@ class SkillDifficultyModel:
         log_normal = group_loglik(x, var + th_var, n, k)  # item-response predictive, before the update
         fail = k <= 1e-9
         win = k >= n - 1e-9
-        qn = np.clip(1.0 - qs - qv, 0.0, 1.0)
+        qn = _p_normal(qs, qv)
         # Posterior ∝ prior × likelihood, in logs relative to the normal class.
         with np.errstate(divide="ignore"):
             ls = np.where(fail, np.log(qs) - log_normal, -np.inf)
@@ -277,23 +278,25 @@ class SkillDifficultyModel:
         top = np.maximum(np.maximum(ls, lv), ln)
         es, ev, en = np.exp(ls - top), np.exp(lv - top), np.exp(ln - top)
         z = es + ev + en
-        new_s, new_v = es / z, ev / z
-        seen = self.tau_[o] > 0
-        old = np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
-                        np.where(seen, self.q_solved_[o], 0.0)], axis=1)
-        self.q_stuck_[o] = new_s
-        self.q_solved_[o] = new_v
-        np.add.at(self.lat_, d, np.stack([np.ones(o.size), new_s, new_v], axis=1) - old)
+        old = self._latent_contrib(o)
+        self.q_stuck_[o] = es / z
+        self.q_solved_[o] = ev / z
+        # The prompt counts as seen from here on (its τ is set by the caller's update).
+        np.add.at(self.lat_, d, np.stack([np.ones(o.size), es / z, ev / z], axis=1) - old)
         return en / z
+
+    def _latent_contrib(self, o: np.ndarray) -> np.ndarray:
+        """Prompts ``o``'s terms in their domain's latent sums: (1, P(stuck), P(solved)), 0 if unseen."""
+        seen = self.tau_[o] > 0
+        return np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
+                         np.where(seen, self.q_solved_[o], 0.0)], axis=1)
 
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
         self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - self.skill_seen_[o])
         c = self._moment_contrib(o)
         np.add.at(self.dom_, old_d, -c)
         np.add.at(self.dom_, new_d, c)
-        seen = self.tau_[o] > 0
-        lat = np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
-                        np.where(seen, self.q_solved_[o], 0.0)], axis=1)
+        lat = self._latent_contrib(o)
         np.add.at(self.lat_, old_d, -lat)
         np.add.at(self.lat_, new_d, lat)
 
@@ -314,7 +317,7 @@ class SkillDifficultyModel:
         if not self.latent:
             return p
         qs, qv = self.latent_probs(o, d, step)
-        return np.clip(1.0 - qs - qv, 0.0, 1.0) * p + qv
+        return _p_normal(qs, qv) * p + qv
 
     def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None, scale: float = 1.0) -> np.ndarray:
         """A Thompson draw of the pass rate (with the latent class drawn first when on);
@@ -338,8 +341,11 @@ class SkillDifficultyModel:
         out = f @ wq
         if not self.latent:
             return out
-        qs, qv = self.latent_probs(o, d, step)
-        return np.clip(1.0 - qs - qv, 0.0, 1.0) * out
+        return _p_normal(*self.latent_probs(o, d, step)) * out
+
+
+def _p_normal(q_stuck: np.ndarray, q_solved: np.ndarray) -> np.ndarray:
+    return np.clip(1.0 - q_stuck - q_solved, 0.0, 1.0)
 
 
 def group_loglik(x: np.ndarray, v: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:

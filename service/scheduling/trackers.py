@@ -39,27 +39,24 @@ class SkillTracker:
             pool.predicted_prior(o),
         )
 
+    @staticmethod
+    def _prompts(pool: PoolState, idx: np.ndarray) -> dict:
+        """What the model reads of prompts ``idx`` besides its own state."""
+        return {"o": idx, "d": pool.domain[idx], "prior_logit": prior_logit(pool.prior_pass_rate[idx]),
+                "pred": pool.predicted_prior(idx)}
+
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
-        return self.model.predict(
-            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, pool.predicted_prior(idx)
-        )
+        return self.model.predict(step=step, **self._prompts(pool, idx))
 
     def logit(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.model.logit(
-            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, pool.predicted_prior(idx)
-        )
+        return self.model.logit(step=step, **self._prompts(pool, idx))
 
     def sample(self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator,
                scale: float = 1.0) -> np.ndarray:
-        return self.model.sample(
-            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, rng, pool.predicted_prior(idx),
-            scale,
-        )
+        return self.model.sample(step=step, rng=rng, scale=scale, **self._prompts(pool, idx))
 
     def expected_score(self, pool: PoolState, idx: np.ndarray, step: int, n: float, kind: str) -> np.ndarray:
-        return self.model.expected_score(
-            idx, pool.domain[idx], prior_logit(pool.prior_pass_rate[idx]), step, n, kind, pool.predicted_prior(idx)
-        )
+        return self.model.expected_score(step=step, n=n, kind=kind, **self._prompts(pool, idx))
 
     def latent_probs(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         return self.model.latent_probs(idx, pool.domain[idx], step)
