@@ -125,12 +125,14 @@ def limits_description(settings: Settings) -> str:
     """The request limits of this server, for the OpenAPI document."""
     rows = [
         ("Request body", f"{settings.max_body_bytes} bytes", "413"),
+        ("Report body (POST …/results)", f"{settings.max_report_bytes} bytes", "413, from Content-Length"),
         ("Prompts per upsert request", settings.max_prompts_per_request, "413"),
         ("Prompt text", f"{settings.max_text_chars} characters", "422"),
         ("Groups (results) per report", settings.max_results_per_report, "413"),
         ("Rewards per group", settings.max_rewards_per_group, "413"),
         ("Plan batch_size", settings.max_batch_size, "413"),
         ("Plan rollout_budget", settings.max_rollout_budget, "413"),
+        ("Plan batch_size × (max_rollouts − min_rollouts)", settings.max_allocation_cells, "413"),
         ("Run metadata (JSON)", f"{settings.max_metadata_bytes} bytes", "413"),
         ("Page size (limit)", settings.max_page_size, "422 above 1000; smaller pages above the setting"),
         ("Prompt history per GET", settings.max_history, "truncated to the latest; history_total says how many"),

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
 
     # Documented request limits (answered with 413 / 422).
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_report_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="A report's body (POST …/results), refused from its Content-Length."
+    )
     max_prompts_per_request: int = Field(50_000, ge=1)
     max_results_per_report: int = Field(20_000, ge=1)
     max_rewards_per_group: int = Field(4_096, ge=1)
@@ -37,6 +40,14 @@ class Settings(BaseSettings):
     max_page_size: int = Field(1_000, ge=1, le=1_000)
     max_metadata_bytes: int = Field(64 * 1024, ge=2, description="A run's metadata, serialised as JSON.")
     max_history: int = Field(10_000, ge=1, description="Most history entries GET of one prompt returns.")
+    max_allocation_cells: int = Field(
+        1 << 24, ge=1, description="Most batch_size × (max_rollouts − min_rollouts) a plan may ask for "
+        "(the table-based allocators hold one marginal gain per cell)."
+    )
+    state_cache_bytes: int = Field(
+        4 << 30, ge=0, description="Bound on the memory of the run states a process keeps (least recently "
+        "used dropped first; a dropped state rebuilds from the log, identical)."
+    )
     db_statement_timeout_s: float = Field(
         60.0, ge=0, description="PostgreSQL statement_timeout (lock waits included); 0: none. "
         "A request never waits on the database longer than this (503 after)."

@@ -5,14 +5,16 @@ over the run's ``PoolState`` — never a Python loop over the prompts of a pool 
 the rows of a log (the pool can hold a million prompts). The only per-row loops
 are over one prompt's own history and over the rows of an export stream.
 
-Strategy extras. A strategy may define ``inspect_state(pool) -> dict`` returning
-JSON-serialisable state worth showing (e.g. HMM state shares
-``{"state_shares": {"unsolved": .3, "learning": .5, "solved": .2}}`` or bandit
-domain weights ``{"domain_weights": {"math": .7, "code": .3}}``). Because a
-strategy's state is derived from the pool, the same hook evaluated on a replay of
-the log gives its history: it appears as ``strategy_state`` for the current pool
-and for every step of ``/pass-rate-histogram`` and ``/timeline``. Strategies
-without the hook give ``{}``.
+Strategy extras. A strategy's ``inspect(pool) -> dict`` returns JSON-serialisable
+run-level state worth showing (bandit domain weights, per-domain skills, AdaRFT's
+target …; ``Strategy.inspect`` collects its trackers' ``inspect()``). Because a
+strategy's state is a fold of the log, the same hook evaluated on the fold after
+each step gives its history: it appears as ``strategy_state`` for the current pool
+and for every step of ``/pass-rate-histogram`` and ``/timeline``. Strategies with
+nothing to show give ``{}``.
+
+Prompt states and predictions are the strategy's (``Strategy.predict``) everywhere:
+the prompt list, its filters, the domain table and the histograms.
 """
 
 from __future__ import annotations
@@ -21,22 +23,23 @@ import json
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.orm import Session
 
-from .scheduling.pool import PoolState
+from .runstate import RunState
+from .storage.repository import load_events
+from .scheduling.pool import Observations, PoolState
 from .storage.models import Plan, PlanItem, Prompt, Report, Result, RunStep
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import RunContext
+RunContext = RunState  # the name the functions below were written with
 
-# -- prompt states from the Beta posterior -----------------------------------------------
-# Until a strategy provides its own (HMM) states, a prompt's state is read off its
-# posterior mean pass rate p: no rollouts yet → "unseen"; p ≤ UNSOLVED_MAX → "unsolved";
-# p ≥ SOLVED_MIN → "solved"; otherwise "frontier" (where groups are likely informative).
+# -- prompt states from the strategy's prediction -----------------------------------------
+# A prompt's state is read off the strategy's predicted pass rate p: no rollouts yet →
+# "unseen"; p ≤ UNSOLVED_MAX → "unsolved"; p ≥ SOLVED_MIN → "solved"; otherwise
+# "frontier" (where groups are likely informative).
 STATES = ("unseen", "unsolved", "frontier", "solved")
 UNSOLVED_MAX = 0.1
 SOLVED_MIN = 0.9
@@ -70,10 +73,7 @@ def coarsen(counts: np.ndarray, bins: int) -> list[int]:
 
 
 def domain_names(ctx: RunContext) -> list[str | None]:
-    names: list[str | None] = [None] * len(ctx.domain_codes)
-    for name, code in ctx.domain_codes.items():
-        names[code] = name
-    return names
+    return ctx.domain_names()
 
 
 # -- steps ----------------------------------------------------------------------------------
@@ -132,7 +132,9 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
             .group_by(Result.step)
         )
     }
-    extras = pool_history(ctx).strategy_states(s, ctx) if strategy_state(ctx.strategy, ctx.pool) else {}
+    with ctx.read() as pool:
+        has_state = bool(strategy_state(ctx.strategy, pool))
+    extras = pool_history(ctx).strategy_states(s, ctx) if has_state else {}
     out = []
     for st in steps:
         r = by_step.get(st)
@@ -178,10 +180,9 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
 def domains_now(ctx: RunContext) -> list[dict[str, Any]]:
     """Per-domain statistics of the current pool (numpy over the pool arrays)."""
     names = domain_names(ctx)
-    with ctx.lock:
-        pool = ctx.pool
+    with ctx.read() as pool:
         d = pool.domain.astype(np.int64)
-        p = pool.predicted_pass_rate()
+        p = predicted(ctx.strategy, pool)
         n = pool.rollouts
         rs = pool.reward_sum
         k = len(names)
@@ -279,7 +280,7 @@ def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[
     ]
 
 
-# -- the pool over time: a replay of the log ------------------------------------------------
+# -- the pool over time: the fold, with a snapshot after each step -------------------------
 @dataclass
 class Snapshot:
     counts: np.ndarray  # fine histogram of the predicted pass rate (HIST_RESOLUTION bins)
@@ -288,85 +289,71 @@ class Snapshot:
     strategy_state: dict[str, Any]
 
 
+def snapshot(strategy: Any, pool: PoolState) -> Snapshot:
+    p = predicted(strategy, pool)
+    st = np.bincount(state_codes(pool.rollouts, p), minlength=len(STATES))
+    return Snapshot(
+        counts=_fine_counts(p),
+        mean=float(p.mean()) if p.size else math.nan,
+        states=st.tolist(),
+        strategy_state=strategy_state(strategy, pool),
+    )
+
+
 @dataclass
 class PoolHistory:
-    """The pool's pass-rate distribution after each step, from a replay of the log.
+    """The pool's pass-rate distribution after each step: the run's own fold
+    (``RunState``, the same reducer and events), run a second time with a snapshot taken
+    each time a step is applied, so a step's snapshot is the pool after its last
+    report. Kept with the run's state and extended incrementally (only events after
+    its position are read); the steps still pending in the log get snapshots from the
+    state a plan would see now, recomputed when the log moves."""
 
-    The log is replayed in commit order into a fresh ``PoolState`` (same estimator
-    settings as the run); whenever the step of the log changes, a snapshot is taken
-    for the step just finished, so a step's snapshot is the pool after the last
-    report of that step (for a trainer that reports in step order: the pool after
-    step s). The prompts are those registered now. Kept per run context and
-    extended incrementally: only rows after the last replayed ``report_seq`` are read.
-    """
-
-    pool: PoolState
-    report_seq: int = 0
+    fold: RunState
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    tentative: dict[int, Snapshot] = field(default_factory=dict)
+    tentative_seq: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sync(self, s: Session, ctx: RunContext) -> None:
         with self.lock:
-            with ctx.lock:
-                target = ctx.report_seq
-                size = ctx.pool.size
-                domain = ctx.pool.domain.copy()
-                prior = ctx.pool.prior_pass_rate.copy()
-            if size:  # the prompts as registered now (domain and prior may have changed)
-                self.pool.set_prompts(np.arange(size, dtype=np.int64), domain, prior)
-            if target <= self.report_seq:
-                return
-            from .engine import load_reports  # engine imports this module
+            target = ctx.seq
+            if self.fold.seq < target:
+                self.fold.on_step = lambda pool, step: self.snapshots.__setitem__(step, snapshot(self.fold.strategy, pool))
+                self.fold.fold(load_events(s, ctx.run_pk, self.fold.seq, target))
+            if self.tentative_seq != self.fold.seq:
+                found: dict[int, Snapshot] = {}
+                self.fold.replay_pending(lambda pool, step: found.__setitem__(step, snapshot(self.fold.strategy, pool)))
+                self.tentative, self.tentative_seq = found, self.fold.seq
 
-            reports = load_reports(s, ctx, self.report_seq, target)
-            for k, (_, obs) in enumerate(reports):
-                self.pool.observe(obs)
-                step = int(obs.step[0])
-                # A snapshot when the step changes: the pool after the step's last report.
-                if k + 1 == len(reports) or int(reports[k + 1][1].step[0]) != step:
-                    self.snapshots[step] = self._snapshot(ctx)
-            self.report_seq = target
-
-    def _snapshot(self, ctx: RunContext) -> Snapshot:
-        p = predicted(ctx.strategy, self.pool)
-        st = np.bincount(state_codes(self.pool.rollouts, p), minlength=len(STATES))
-        return Snapshot(
-            counts=_fine_counts(p),
-            mean=float(p.mean()) if p.size else math.nan,
-            states=st.tolist(),
-            strategy_state=strategy_state(ctx.strategy, self.pool),
-        )
+    def all(self) -> dict[int, Snapshot]:
+        return {**self.snapshots, **self.tentative}
 
     def strategy_states(self, s: Session, ctx: RunContext) -> dict[int, dict[str, Any]]:
         self.sync(s, ctx)
-        return {st: snap.strategy_state for st, snap in self.snapshots.items()}
+        return {st: snap.strategy_state for st, snap in self.all().items()}
 
 
 _HISTORY_LOCK = threading.Lock()
 
 
 def pool_history(ctx: RunContext) -> PoolHistory:
-    """The replay kept with the run's context (rebuilt when the context is)."""
+    """The second fold kept with the run's state (dropped with it)."""
     with _HISTORY_LOCK:
-        h = getattr(ctx, "_pool_history", None)
-        if h is None:
-            h = PoolHistory(ctx.strategy.make_pool())
-            ctx._pool_history = h  # type: ignore[attr-defined]
-        return h
+        if ctx.history is None:
+            ctx.history = PoolHistory(RunState(ctx.run_pk, ctx.run_id, ctx.spec, ctx.reward_range))
+        return ctx.history
 
 
 def current_pool(ctx: RunContext) -> dict[str, Any]:
-    with ctx.lock:
-        p = predicted(ctx.strategy, ctx.pool)
-        st = np.bincount(state_codes(ctx.pool.rollouts, p), minlength=len(STATES))
-        counts = _fine_counts(p)
-        extra = strategy_state(ctx.strategy, ctx.pool)
+    with ctx.read() as pool:
+        snap = snapshot(ctx.strategy, pool)
     return {
-        "prompts": int(p.size),
-        "counts": counts,
-        "mean_predicted_pass_rate": float(p.mean()) if p.size else None,
-        "states": dict(zip(STATES, st.tolist())),
-        "strategy_state": extra,
+        "prompts": int(sum(snap.states)),
+        "counts": snap.counts,
+        "mean_predicted_pass_rate": None if snap.mean != snap.mean else snap.mean,
+        "states": dict(zip(STATES, snap.states)),
+        "strategy_state": snap.strategy_state,
     }
 
 
@@ -374,8 +361,7 @@ def current_pool(ctx: RunContext) -> dict[str, Any]:
 SORT_KEYS = ("ordinal", "predicted_pass_rate", "rollouts", "last_step", "mean_reward")
 
 
-def prompt_keys(ctx: RunContext, sort: str) -> np.ndarray:
-    pool = ctx.pool
+def prompt_keys(ctx: RunContext, pool: PoolState, sort: str) -> np.ndarray:
     if sort == "ordinal":
         return np.arange(pool.size, dtype=np.float64)
     if sort == "predicted_pass_rate":
@@ -407,8 +393,7 @@ def select_prompts(
 ) -> tuple[list[int], tuple[float, int] | None]:
     """One page of prompt ordinals matching the filters, ordered by ``sort`` (ties by
     ordinal), after the keyset cursor ``after = (key, ordinal)``; and the next cursor."""
-    with ctx.lock:
-        pool = ctx.pool
+    with ctx.read() as pool:
         size = pool.size
         mask = np.ones(size, bool)
         if domain is not None:
@@ -428,7 +413,7 @@ def select_prompts(
             mask &= pool.rollouts >= min_rollouts
         if max_rollouts is not None:
             mask &= pool.rollouts <= max_rollouts
-        key = prompt_keys(ctx, sort)
+        key = prompt_keys(ctx, pool, sort)
     if descending:
         key = -key
     ords = np.arange(size, dtype=np.int64)
@@ -480,13 +465,16 @@ def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[s
     ).all()
     one = np.zeros(1, np.int64)
     # The per-prompt Beta posterior (with the run's forgetting), prior shifted to the live one.
-    replay = PoolState(forgetting=ctx.pool.forgetting, prior_strength=ctx.pool.prior_strength)
-    with ctx.lock:
-        replay.set_prompts(one, np.zeros(1, np.int32), ctx.pool.prior_pass_rate[[ordinal]].copy())
-        a_now, b_now = (float(x[0]) for x in ctx.pool.posterior(np.array([ordinal])))
+    with ctx.read() as pool:
+        replay = PoolState(forgetting=pool.forgetting, prior_strength=pool.prior_strength)
+        replay.set_prompts(one, np.zeros(1, np.int32), pool.prior_pass_rate[[ordinal]].copy())
+        a_now, b_now = (float(x[0]) for x in pool.posterior(np.array([ordinal])))
+    lo, hi = ctx.reward_range
     post = np.zeros((len(rows), 2))
     for i, (_, _, st, n, rsum, inf, _, aa, stale) in enumerate(rows):
-        replay.observe(ctx.observations(one, [n], [rsum], [st], [inf], [aa], [stale]))
+        k = min(max((rsum - n * lo) / (hi - lo), 0.0), float(n))
+        replay.observe(Observations(one, np.array([n]), np.array([k]), np.array([st]), np.array([bool(inf)]),
+                                    np.array([aa]), np.array([stale])))
         a, b = replay.posterior(one)
         post[i] = a[0], b[0]
     if len(rows):

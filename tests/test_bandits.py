@@ -194,23 +194,6 @@ def test_prompt_gdro_rebin_keeps_per_prompt_state():
     assert g.prompt_bin_[[5, 7, 6]].tolist() == [0, 2, -1]
 
 
-# -- Rollout-GDRO ----------------------------------------------------------------------------
-def test_rollout_gdro_price_and_scores():
-    r = bd.RolloutGDRO(2, mean_n=4, min_n=2, eta=0.1, gamma=0.15, price_step=0.05)
-    assert r.arms.tolist() == list(range(2, 13))
-    r.update(np.array([0, 0, 1]), np.array([8, 8, 4]), np.array([0.5, 0.3, 0.2]))
-    # μ was 0: score[bin, arm] += mean loss. Then μ ← 0 + 0.05·(20/3 − 4).
-    assert r.score_[0, 8 - 2] == pytest.approx(0.4) and r.score_[1, 4 - 2] == pytest.approx(0.2)
-    assert r.mu_[0] == pytest.approx(0.05 * (20 / 3 - 4))
-    mu = r.mu_[0]
-    r.update(np.array([1]), np.array([6]), np.array([0.1]))
-    assert r.score_[1, 6 - 2] == pytest.approx(0.1 - mu * (6 - 4))
-    p = r.probs()
-    np.testing.assert_allclose(p.sum(axis=1), 1.0)
-    assert r.choose().tolist() == [8, 4]
-    assert set(r.choose(np.random.default_rng(0)).tolist()) <= set(r.arms.tolist())
-
-
 # -- split_batch -------------------------------------------------------------------------------
 @given(st.lists(st.tuples(st.floats(0, 1), st.integers(0, 20)), min_size=1, max_size=8),
        st.integers(0, 60), st.integers(0, 2**32 - 1))

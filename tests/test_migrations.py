@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, inspect
 from rollplan.service.storage import migrate
 from rollplan.service.storage.models import Base
 
-TABLES = {"runs", "prompts", "plans", "plan_items", "reports", "results", "run_steps", "plan_extensions",
+TABLES = {"runs", "prompts", "plans", "plan_items", "reports", "results", "run_steps", "plan_extensions", "prompt_events",
           "strategy_changes", "api_keys", "predictor_models"}
 
 

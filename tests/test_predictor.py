@@ -164,7 +164,7 @@ def test_background_training_never_blocks_plans_and_calibration_matches(make_cli
 
     # The report queued a fit; it is now stuck in its (slow) training step.
     assert started.wait(60)
-    run_pk = engine._contexts["pr"].run_pk
+    run_pk = _state(engine, "pr").run_pk
     st = engine.predictor.state(run_pk)
     r = client.post("/v1/runs/pr/plans", json={"batch_size": 16})
     assert r.status_code == 201, r.text  # answered while the fit is still running
@@ -173,8 +173,8 @@ def test_background_training_never_blocks_plans_and_calibration_matches(make_cli
     release.set()
     assert engine.predictor.wait_idle(run_pk, 60)
     assert st.error is None and st.version == 1
-    with engine._contexts["pr"].lock:
-        rel, var = engine._contexts["pr"].pool.predicted_prior()
+    with _state(engine, "pr").read() as pool:  # the predictions, handed over as an event
+        rel, var = pool.predicted_prior()
     assert np.isfinite(rel).all() and np.isfinite(var).all()
     # Later plans use the finished version: more groups, a second version, scored prequentially.
     _report(client, "pr", 1, [ids[i] for i in order[120:240]], true_p[order[120:240]], rng, "r1")
@@ -223,9 +223,14 @@ def test_background_training_never_blocks_plans_and_calibration_matches(make_cli
     assert client2.post("/v1/runs/pr/plans", json={"batch_size": 16}).status_code == 201
     assert engine2.predictor.wait_idle(run_pk, 60)
     assert engine2.predictor.state(run_pk).version == 2
-    with engine2._contexts["pr"].lock:
-        rel2, _ = engine2._contexts["pr"].pool.predicted_prior()
+    with _state(engine2, "pr").read() as pool:
+        rel2, _ = pool.predicted_prior()
     assert np.isfinite(rel2).all()
+
+
+def _state(engine, run_id: str):
+    with engine.sessions() as s:
+        return engine.context(s, engine.get_run(s, run_id))
 
 
 def test_service_runs_and_plans_without_torch(tmp_path):

@@ -3,6 +3,8 @@ conformance suite run over every registered strategy."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -251,7 +253,7 @@ def test_stale_reports_are_down_weighted():
 
 
 def test_group_abs_advantage():
-    from rollplan.service.engine import group_abs_advantage
+    from rollplan.service.ingest import group_abs_advantage
 
     groups = [[1, 0, 0, 0], [1, 1, 1, 1], [0.5, 0.0, 1.0], [1, 0]]
     lengths = np.array([len(g) for g in groups])
@@ -301,7 +303,7 @@ def test_gdro_weights_favour_the_middle_bin():
     pool, truth, dom = _world("gdro")
     w = pool.trackers["gdro"].gdro.weights()
     assert np.argmax(w) == 1  # pass rates in [0.4, 0.75): where the |advantage| is
-    # Its multiplicative weights are deliberately soft (η = 0.65, γ = 0.01).
+    # Its softmax weights are deliberately soft (η = 0.65, γ = 0.01).
     assert w[1] > 1 / 3
 
 
@@ -360,6 +362,38 @@ def test_zppo_replays_hard_prompts_until_they_graduate():
     assert np.sum(d.ordinals < 10) >= 4 and len(np.unique(d.ordinals)) == 8
     pool.observe(obs(np.arange(10), 8, np.full(10, 6.0)))  # all graduate
     assert len(pool.trackers["replay"].buffer) == 0
+
+
+def test_zppo_selects_with_the_requests_rollouts(monkeypatch):
+    """The fresh part is chosen with the request's rollouts per prompt and bounds
+    (not a fixed n = 8 in 1..64)."""
+    s = strat.build("zppo", {"replay_fraction": 0.5})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(200), np.zeros(200, np.int32), np.full(200, np.nan))
+    pool.observe(obs(np.arange(10), 8, np.full(10, 1.0)))  # 10 hard prompts: 4 replayed
+    inner, beta_plan = [], strat.BetaThompson.plan
+
+    def spy(self, pool, req, rng):  # ZPPO's fresh part is BetaThompson.plan on an inner request
+        inner.append(req)
+        return beta_plan(self, pool, req, rng)
+
+    monkeypatch.setattr(strat.BetaThompson, "plan", spy)
+    d = s.plan(pool, strat.PlanRequest(8, 24, 2, 4, 1), strat.plan_rng("r", 1, "zppo"))
+    (r,) = inner
+    assert (r.batch_size, r.rollout_budget, r.min_rollouts, r.max_rollouts) == (12, 36, 2, 4)
+    assert d.rollouts.sum() == 24 and d.rollouts.min() >= 2 and d.rollouts.max() <= 4
+
+
+def test_dps_inspect_shows_state_shares():
+    s = strat.build("dps", {})
+    pool = make_pool(10, strategy="dps")
+    assert s.inspect(pool) == {"seen_prompts": 0, "state_share": [1 / 3] * 3}
+    pool.observe(obs(np.arange(4), 8, np.array([0.0, 3.0, 4.0, 8.0])))  # unsolved, partial ×2, solved
+    state = s.inspect(pool)
+    assert state["seen_prompts"] == 4
+    assert state["state_share"] == pytest.approx([0.25, 0.5, 0.25])
+    assert sum(state["state_share"]) == pytest.approx(1.0)
+    assert json.loads(json.dumps(state)) == state
 
 
 def test_plr_never_starves_stale_prompts():

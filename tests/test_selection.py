@@ -25,18 +25,8 @@ def test_informative_prob_numbers_from_methods():
     assert sel.informative_prob(np.array([0.0, 1.0]), 8).tolist() == [0.0, 0.0]
 
 
-def test_learnability_and_vcrl_variance():
+def test_learnability():
     np.testing.assert_allclose(sel.learnability(np.array([0.0, 0.5, 0.1])), [0.0, 1.0, 0.36])
-    # G = 8: k(G−k)/(G(G−1)) ÷ (4·4/56).
-    k = np.arange(9)
-    np.testing.assert_allclose(sel.vcrl_variance(k, 8), k * (8 - k) / 16)
-    # Odd G: the maximum is at k = 2 or 3 for G = 5.
-    np.testing.assert_allclose(sel.vcrl_variance(np.array([0, 1, 2, 3, 5]), 5), [0, 4 / 6, 1, 1, 0])
-    # Against the unbiased sample variance of the 0/1 rewards themselves.
-    for G in (2, 3, 8):
-        v = [np.var(np.r_[np.ones(j), np.zeros(G - j)], ddof=1) for j in range(G + 1)]
-        np.testing.assert_allclose(sel.vcrl_variance(np.arange(G + 1), G), np.array(v) / max(v))
-    assert sel.vcrl_variance(np.array([0, 1]), 1).tolist() == [0.0, 0.0]
 
 
 # -- AdaRFT ------------------------------------------------------------------------------------
@@ -47,13 +37,6 @@ def test_adarft_target_moves_with_reward():
     assert sel.adarft_target(50, 0.2) == pytest.approx(50 - 50 * math.tanh(0.6))
     assert sel.adarft_target(90, 1.0) == 100.0 and sel.adarft_target(5, 0.0) == 0.0  # clipped
     assert sel.adarft_target(50, 0.9, d_min=10, d_max=60) == 60
-
-
-def test_adarft_select_closest_difficulty():
-    p = np.array([0.9, 0.5, 0.45, 0.1, 0.55, 0.0])
-    d = 100 * (1 - p)  # 10, 50, 55, 90, 45, 100
-    assert sel.adarft_select(d, 52, 3).tolist() == [1, 2, 4]
-    assert sel.adarft_select(d, 100, 2).tolist() == [5, 3]
 
 
 # -- E2H ---------------------------------------------------------------------------------------
@@ -218,9 +201,6 @@ def test_per_prompt_functions_on_a_million():
     k = rng.binomial(n, p)
     assert sel.informative_prob(p, n).shape == (N,)
     assert sel.learnability(p).max() <= 1.0
-    assert sel.vcrl_variance(k, n).max() <= 1.0 + 1e-12
-    d = 100 * (1 - p)
-    assert sel.adarft_select(d, 40.0, 1024).size == 1024
     assert sel.difficulty_levels(p, 5).max() == 4
     z = sel.greso_update_streak(rng.integers(0, 5, N), p)
     assert sel.greso_skip_prob(z, 0.5).shape == (N,)

@@ -162,11 +162,13 @@ def test_genuinely_late_report(client, db_url):
 
 @st.composite
 def interleavings(draw):
-    """Reports in step order (two per step); each plan request placed anywhere before the
-    end, so plans run up to a few steps ahead of the reports (and some come late)."""
+    """Reports in step order (two per step); each plan request placed at any step boundary
+    before the end, so plans run up to a few steps ahead of the reports (and some come
+    late). A plan is an event that seals the state (``runstate``): one placed between
+    two reports of the same step splits that step, which the fold tests cover."""
     n_reports = 2 * STEPS
     plan_steps = list(range(STEPS + 2))
-    slots = {s: draw(st.integers(0, n_reports), label=f"plan {s} after report #") for s in plan_steps}
+    slots = {s: 2 * draw(st.integers(0, STEPS), label=f"plan {s} after step #") for s in plan_steps}
     events: list[tuple] = []
     for i in range(n_reports + 1):
         events += [("plan", s) for s in plan_steps if slots[s] == i]
@@ -178,8 +180,9 @@ def interleavings(draw):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=interleavings())
 def test_plan_ahead_interleavings_leave_the_estimates_unchanged(client, db_url, events):
-    """Whatever the interleaving of plan requests with the reports of the same groups,
-    the final estimates are those of the synchronous order (plan k, report k, plan k + 1 …)."""
+    """Whatever the interleaving of plan requests with the steps' reports of the same
+    groups, the final estimates are those of the synchronous order (plan k, report k,
+    plan k + 1 …)."""
     reports = [(k, rid, groups) for k in range(STEPS) for rid, groups in step_reports(k)]
     if client.get("/v1/runs/sync").status_code == 404:
         setup_run(client, "sync")

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from ..config import Settings
 from ..engine import Engine
 from .. import auth
-from ..errors import Unauthorized
+from ..errors import TooLarge, Unauthorized
 
 KEY_COOKIE = "rollplan_key"
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -119,15 +119,31 @@ ReadAuthDep = Annotated[auth.Principal, Depends(require_read)]
 RAW_BODY_MODELS: list[type[BaseModel]] = []
 
 
-def json_body(model: type[BaseModel]):
+def json_body(model: type[BaseModel], limit: str | None = None):
     """A request-body dependency that parses and validates the raw bytes in one pass
     (pydantic's own JSON parser) instead of FastAPI's ``json.loads`` followed by a
     validation of the Python objects: about 4x less CPU for a report of 8,192 rewards,
-    the ingestion hot path. Errors are the same 422 as for any other body."""
+    the ingestion hot path. Errors are the same 422 as for any other body. ``limit``
+    names the setting that bounds the body's bytes: a longer body is refused (413) from
+    its Content-Length before it is read, or as soon as the bytes read pass it."""
     RAW_BODY_MODELS.append(model)
 
     async def parse(request: Request):
-        raw = await request.body()
+        if limit is not None:
+            cap = getattr(request.app.state.settings, limit)
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > cap:
+                raise TooLarge(f"request body: {declared} bytes exceed the limit of {cap} ({limit}); "
+                               "split it into several requests")
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise TooLarge(f"request body: more than {cap} bytes ({limit}); split it into several requests")
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+        else:
+            raw = await request.body()
         try:
             return model.model_validate_json(raw)
         except ValidationError as e:

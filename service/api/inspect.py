@@ -19,21 +19,20 @@ import numpy as np
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from .. import inspection as insp
-from ..errors import Invalid, NotFound
-from ..storage.models import Prompt
+from ..errors import Invalid
 from . import schemas
 from .deps import EngineDep, SessionDep, require_key
-from .v1 import RESPONSES, Cursor, RunIdPath, _decode_cursor, _encode_cursor
+from .cursors import _decode_cursor, _encode_cursor
+from .v1 import RESPONSES, Cursor, RunIdPath
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
 
 StepLimit = Annotated[int, Query(ge=1, le=10_000, description="Steps per page (at most 10000).")]
 StrategyState = Field(
     default_factory=dict,
-    description="Extras from the run's strategy (its `inspect_state(pool)` hook), e.g. HMM state shares "
+    description="Extras from the run's strategy (its `inspect(pool)`), e.g. HMM state shares "
     "or bandit domain weights; empty for strategies without the hook.",
 )
 
@@ -196,14 +195,15 @@ def pass_rate_histogram(
     run, ctx = _ctx(engine, session, run_id)
     h = insp.pool_history(ctx)
     h.sync(session, ctx)
+    snaps = h.all()
     after = _step_cursor(cursor)
-    steps = sorted(st for st in list(h.snapshots) if after is None or st > after)
+    steps = sorted(st for st in snaps if after is None or st > after)
     page, nxt = steps[:limit], (steps[limit - 1] if len(steps) > limit else None)
     now = insp.current_pool(ctx)
     now["counts"] = insp.coarsen(now["counts"], bins)
     items = []
     for st in page:
-        snap = h.snapshots[st]
+        snap = snaps[st]
         items.append(
             {
                 "step": st,
@@ -232,8 +232,8 @@ def domains(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: St
     names = insp.domain_names(ctx)
     now = insp.domains_now(ctx)
     present = {d["domain"] for d in now}
-    with ctx.lock:
-        extra = insp.strategy_state(ctx.strategy, ctx.pool)
+    with ctx.read() as pool:
+        extra = insp.strategy_state(ctx.strategy, pool)
     return {
         "domains": sorted((n for n in names if n in present), key=lambda n: (n is None, n or "")),
         "current": now,
@@ -247,12 +247,7 @@ def domains(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: St
 def prompt_history(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session: SessionDep):
     """One prompt with every reported group and its Beta estimate after each, and every plan
     that included it (the id percent-encoded as the last path segment)."""
-    run, ctx = _ctx(engine, session, run_id)
-    row = session.scalar(select(Prompt).where(Prompt.run_pk == run.pk, Prompt.id == prompt_id))
-    if row is None:
-        raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
-    out = engine.prompt_rows(ctx, [row])[0]
-    out["text"] = row.text
+    run, ctx, row, out = engine.prompt(session, run_id, prompt_id)
     out["history"], out["planned"] = insp.prompt_trace(session, ctx, row.ordinal)
     return out
 
@@ -313,25 +308,3 @@ def export(
     )
 
 
-# -- prompts list: filters and sort (called by GET /v1/runs/{run_id}/prompts) ---------------
-def encode_sort_cursor(sort: str, order: str, key: float, ordinal: int) -> str:
-    return _encode_cursor(json.dumps([sort, order, repr(float(key)), ordinal]))
-
-
-_SORT_CURSOR_RE = re.compile(r'^\["[a-z_]{1,32}", "(asc|desc)", "[-+0-9.einf]{1,32}", [0-9]{1,10}\]$')
-
-
-def decode_sort_cursor(cursor: str | None, sort: str, order: str) -> tuple[float, int] | None:
-    raw = _decode_cursor(cursor, _SORT_CURSOR_RE)
-    if raw is None:
-        return None
-    try:
-        s, o, k, ordinal = json.loads(raw)
-        if (s, o) == (sort, order) and np.isfinite(float(k)):
-            return float(k), int(ordinal)
-    except (ValueError, TypeError):
-        pass
-    raise Invalid(
-        "cursor: not a cursor of this listing (sort and order must stay the same while paging)",
-        errors=[{"loc": "query.cursor", "msg": "invalid"}],
-    )

@@ -104,8 +104,10 @@ class RunOut(BaseModel):
         default_factory=list, description="Mid-run strategy changes, oldest first."
     )
     warm_start_from: str | None = None
-    strategy_state: dict[str, Any] = Field(
-        default_factory=dict, description="The strategy's run-level state: bandit weights, skills, targets."
+    strategy_state: dict[str, Any] | None = Field(
+        default_factory=dict,
+        description="The strategy's run-level state: bandit weights, skills, targets. Null in the runs list "
+        "(GET /v1/runs does not fold every run's log; GET the run for it).",
     )
     rollouts_per_prompt: int
     min_rollouts: int

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
-from sqlalchemy import func, select
-
-from ..engine import current_strategy
-from ..errors import Invalid, NotFound, TooLarge
+from ..errors import Invalid, TooLarge
 from ..scheduling import strategies as strat
-from ..storage.models import Prompt, Result, Run
 from . import schemas
+from .cursors import _decode_cursor, _encode_cursor, decode_sort_cursor, encode_sort_cursor
 from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method, json_body, json_body_openapi
 
 PROBLEM = {"content": {"application/problem+json": {}}}
@@ -47,40 +42,6 @@ RESPONSES = {
     413: {"description": "Too many items or too large a body: split the request", **PROBLEM},
     422: {"description": "Invalid input; `errors` names each offending field or item", **PROBLEM},
 }
-
-
-def _encode_cursor(value: str | int) -> str:
-    return base64.urlsafe_b64encode(f"c1:{value}".encode()).decode()
-
-
-def _decode_cursor(cursor: str | None, pattern: re.Pattern = _RUN_ID_RE) -> str | None:
-    if cursor is None:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-        if raw.startswith("c1:") and pattern.match(raw[3:]):
-            return raw[3:]
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        pass
-    raise Invalid("cursor: not a cursor returned by this endpoint", errors=[{"loc": "query.cursor", "msg": "invalid"}])
-
-
-def _run_out(engine, session, run: Run) -> schemas.RunOut:
-    cfg = run.settings
-    return schemas.RunOut(
-        id=run.id,
-        strategy=schemas.StrategySpec(**current_strategy(cfg)),
-        strategy_history=engine.strategy_history(session, run),
-        warm_start_from=cfg.get("warm_start_from"),
-        strategy_state=engine.strategy_state(session, run),
-        rollouts_per_prompt=cfg["rollouts_per_prompt"],
-        min_rollouts=cfg["min_rollouts"],
-        max_rollouts=cfg["max_rollouts"],
-        reward_range=tuple(cfg["reward_range"]),
-        metadata=run.meta,
-        created_at=run.created_at,
-        stats=engine.stats(session, run),
-    )
 
 
 # -- strategies -----------------------------------------------------------------------
@@ -121,12 +82,12 @@ def put_run(
     created, _ = engine.put_run(run_id, body)
     if not created:
         response.status_code = status.HTTP_200_OK
-    return _run_out(engine, session, engine.get_run(session, run_id))
+    return engine.run_out(session, engine.get_run(session, run_id))
 
 
 @router.get("/runs/{run_id}", response_model=schemas.RunOut, responses=RESPONSES, tags=["runs"])
 def get_run(run_id: RunIdPath, engine: EngineDep, session: SessionDep):
-    return _run_out(engine, session, engine.get_run(session, run_id))
+    return engine.run_out(session, engine.get_run(session, run_id))
 
 
 @router.get("/runs", response_model=schemas.RunPage, responses=RESPONSES, tags=["runs"])
@@ -138,26 +99,20 @@ def list_runs(
     limit: Limit = 100,
     cursor: Cursor = None,
 ):
-    """Page of runs (by id). A key bound to runs sees only those."""
+    """Page of runs (by id). A key bound to runs sees only those. Items carry no
+    `strategy_state` (null): listing does not fold every run's log."""
     limit = min(limit, settings.max_page_size)
-    after = _decode_cursor(cursor)
-    q = select(Run).order_by(Run.id).limit(limit + 1)
-    visible = principal.run_filter()
-    if visible is not None:
-        q = q.where(visible)
-    if after is not None:
-        q = q.where(Run.id > after)
-    runs = list(session.scalars(q))
-    nxt = _encode_cursor(runs[limit - 1].id) if len(runs) > limit else None
-    return schemas.RunPage(items=[_run_out(engine, session, r) for r in runs[:limit]], next_cursor=nxt)
+    items, nxt = engine.list_runs(session, _decode_cursor(cursor), limit, principal.run_filter())
+    return schemas.RunPage(items=items, next_cursor=None if nxt is None else _encode_cursor(nxt))
 
 
 @router.post("/runs/{run_id}/strategy", response_model=schemas.RunOut, responses=RESPONSES, tags=["runs"])
 def change_strategy(run_id: RunIdPath, body: schemas.StrategyChangeIn, engine: EngineDep, session: SessionDep):
-    """Change the run's strategy mid-run, from `step` on (recorded in `strategy_history`).
-    Estimates are rebuilt from the reward log with the new strategy's hyperparameters."""
+    """Change the run's strategy mid-run: the plans of steps ≥ `step` (default: the next
+    step) use it (recorded in `strategy_history`). Its estimates are the fold of the whole
+    log with the new strategy's hyperparameters."""
     engine.change_strategy(run_id, body)
-    return _run_out(engine, session, engine.get_run(session, run_id))
+    return engine.run_out(session, engine.get_run(session, run_id))
 
 
 # -- prompts --------------------------------------------------------------------------
@@ -191,30 +146,20 @@ def list_prompts(
     """Page of prompts with their current estimates, in registration order unless `sort`
     says otherwise; filterable by domain, state, predicted pass rate and rollouts."""
     limit = min(limit, settings.max_page_size)
-    run = engine.get_run(session, run_id)
-    ctx = engine.context(session, run)
     filters = dict(state=state, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
                    min_rollouts=min_rollouts, max_rollouts=max_rollouts)
-    if sort != "ordinal" or order != "asc" or any(v is not None for v in filters.values()):
-        from .. import inspection
-        from . import inspect
-
-        after_key = inspect.decode_sort_cursor(cursor, sort, order)
-        ords, nxt_key = inspection.select_prompts(
-            ctx, sort=sort, descending=order == "desc", domain=domain, after=after_key, limit=limit, **filters
-        )
-        by_ord = {r.ordinal: r for r in session.scalars(
-            select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal.in_(ords)))} if ords else {}
-        nxt = inspect.encode_sort_cursor(sort, order, *nxt_key) if nxt_key else None
-        return {"items": engine.prompt_rows(ctx, [by_ord[o] for o in ords]), "next_cursor": nxt}
-    after = _decode_cursor(cursor, _ORDINAL_RE)
-    after_ord = int(after) if after is not None else -1
-    q = select(Prompt).where(Prompt.run_pk == run.pk, Prompt.ordinal > after_ord)
-    if domain is not None:
-        q = q.where(Prompt.domain == domain)
-    rows = list(session.scalars(q.order_by(Prompt.ordinal).limit(limit + 1)))
-    nxt = _encode_cursor(rows[limit - 1].ordinal) if len(rows) > limit else None
-    return {"items": engine.prompt_rows(ctx, rows[:limit]), "next_cursor": nxt}
+    by_key = sort != "ordinal" or order != "asc" or any(v is not None for v in filters.values())
+    after_key = decode_sort_cursor(cursor, sort, order) if by_key else None
+    after = None if by_key else _decode_cursor(cursor, _ORDINAL_RE)
+    rows, nxt_ord, nxt_key = engine.list_prompts(
+        session, run_id, cursor_ordinal=int(after) if after is not None else -1, sort_after=after_key, limit=limit,
+        domain=domain, sort=sort, descending=order == "desc", filters=filters,
+    )
+    if by_key:
+        nxt = encode_sort_cursor(sort, order, *nxt_key) if nxt_key else None
+    else:
+        nxt = _encode_cursor(nxt_ord) if nxt_ord is not None else None
+    return {"items": rows, "next_cursor": nxt}
 
 
 @router.get(
@@ -231,22 +176,7 @@ def get_prompt(
     ] = None,
 ):
     """One prompt with its estimate and reward history (the id percent-encoded as the last segment)."""
-    run = engine.get_run(session, run_id)
-    ctx = engine.context(session, run)
-    row = session.scalar(select(Prompt).where(Prompt.run_pk == run.pk, Prompt.id == prompt_id))
-    if row is None:
-        raise NotFound(f"prompt {prompt_id!r} is not in run {run_id!r}")
-    out = engine.prompt_rows(ctx, [row])[0]
-    out["text"] = row.text
-    out["embedding"] = row.embedding
-    cap = min(history_limit or settings.max_history, settings.max_history)
-    out["history"] = engine.history(session, ctx, row.ordinal, limit=cap)
-    out["history_total"] = len(out["history"])
-    if out["history_total"] == cap:
-        out["history_total"] = session.scalar(
-            select(func.count()).select_from(Result).where(Result.run_pk == run.pk, Result.prompt_ordinal == row.ordinal)
-        )
-    return out
+    return engine.prompt_detail(session, run_id, prompt_id, history_limit)
 
 
 # -- plans ----------------------------------------------------------------------------
@@ -280,9 +210,11 @@ def extend_plan(
     engine: EngineDep,
     response: Response,
 ):
-    """Two-phase plans (Pilot-Commit / VIGOR): after the pilot rewards of a plan are
-    reported (with its `plan_id`), add `extra_budget` rollouts to the prompts whose pilot
-    groups were most informative. Once per plan; the same call again returns it (200)."""
+    """Two-phase plans (Pilot-Commit): after the pilot rewards of a plan are reported
+    (with its `plan_id`), add up to `extra_budget` rollouts to the prompts whose pilot pass
+    rate is in [0.125, 0.75], split to minimise the variance Σ p(1−p)/n given the pilot
+    counts (Neyman-style), each prompt within `max_rollouts`. Once per plan; the same call
+    again returns it (200)."""
     created, out = engine.extend(run_id, plan_id, body)
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -290,7 +222,7 @@ def extend_plan(
 
 
 # -- results --------------------------------------------------------------------------
-ResultsBody = Annotated[schemas.ResultsIn, Depends(json_body(schemas.ResultsIn))]
+ResultsBody = Annotated[schemas.ResultsIn, Depends(json_body(schemas.ResultsIn, limit="max_report_bytes"))]
 
 
 @router.post(

@@ -1,7 +1,8 @@
 """The background trainer: per run with the predictor on, retrains the model from
 the reward log when enough new groups arrived, persists each version
 (``predictor_models``), and hands the latest version's predictions for the whole
-pool to the run's ``PoolState`` (``set_predicted``).
+pool to the run's state (``RunState.offer_predictions``), which folds them in at its
+next seal (``PoolState.set_predicted``).
 
 Plans never wait for it: training runs in a daemon thread per run (one at a
 time per run) without the run's context lock; only the final hand-over of the
@@ -105,7 +106,7 @@ class RunPredictor:
     prompts: PromptTable = field(default_factory=PromptTable)
     pred: tuple[np.ndarray, np.ndarray] | None = None
     pred_version: int = 0
-    ctx: Any = None  # the engine's RunContext the predictions go to
+    ctx: Any = None  # the RunState the predictions go to
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -255,9 +256,10 @@ class PredictorManager:
 
     @staticmethod
     def _apply(st: RunPredictor) -> None:
+        """Hand the predictions to the run's state as an event it folds at its next seal
+        (this thread never touches the state's arrays)."""
         ctx, (z, v) = st.ctx, st.pred
         if ctx is None:
             return
-        with ctx.lock:
-            n = min(ctx.pool.size, z.size)
-            ctx.pool.set_predicted(np.arange(n), z[:n], v[:n])
+        n = z.size
+        ctx.offer_predictions(np.arange(n), z[:n], v[:n])

@@ -168,13 +168,6 @@ def inverse_success(p: np.ndarray, budget: int, lo: int, hi: int, eps: float = 0
     return proportional(1.0 / np.maximum(p, eps), budget, lo, hi)
 
 
-def informative_objective(p: np.ndarray, r: np.ndarray) -> float:
-    """Σ 1 − pᵢ^rᵢ − (1−pᵢ)^rᵢ: expected number of informative groups."""
-    p = np.asarray(p, np.float64)
-    r = np.asarray(r, np.float64)
-    return float(np.sum(1.0 - p**r - (1.0 - p) ** r))
-
-
 def greedy_informative(p: np.ndarray, budget: int, lo: int, hi: int) -> np.ndarray:
     """Maximise the expected number of informative groups Σ 1 − pᵢ^rᵢ − (1−pᵢ)^rᵢ.
 
@@ -274,20 +267,3 @@ def knapsack(
         c -= x
     r[cv] += _top_gains(gains[:, cv], c)
     return r
-
-
-def vigor_expand(variance: np.ndarray, rollouts: np.ndarray, alpha: float = 0.25, gamma: float = 4.0) -> np.ndarray:
-    """One VIGOR round: the top fraction α of groups by observed variance get
-    their rollouts multiplied by γ (αγ = 1 keeps the round's spend equal to the
-    current total). Returns the extra rollouts per group (0 for the rest);
-    ties by lower index."""
-    if not 0.0 < alpha <= 1.0 or gamma < 1.0:
-        raise ValueError("need 0 < alpha ≤ 1 and gamma ≥ 1")
-    v = np.asarray(variance, np.float64)
-    r = np.asarray(rollouts, np.int64)
-    k = int(np.ceil(alpha * v.size)) if v.size else 0
-    extra = np.zeros(v.size, np.int64)
-    if k:
-        top = np.lexsort((np.arange(v.size), -v))[:k]
-        extra[top] = np.round(r[top] * (gamma - 1.0)).astype(np.int64)
-    return extra

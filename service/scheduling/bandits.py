@@ -25,7 +25,6 @@ __all__ = [
     "DUMP",
     "SEC",
     "PromptGDRO",
-    "RolloutGDRO",
     "assign_bins",
     "mean_abs_advantage",
     "softmax",
@@ -379,81 +378,3 @@ class PromptGDRO:
     def weights(self) -> np.ndarray:
         k = self.n_arms
         return (1 - self.gamma) * softmax(self.eta * self.score_) + self.gamma / k
-
-
-# -- Rollout-GDRO -----------------------------------------------------------------------
-class RolloutGDRO:
-    """Rollout-GDRO (kishanpb/verl-gdro): per bin, an EXP3P-style bandit over
-    rollout counts n ∈ {lo_arm … 3n̄}, with a shadow price μ on the mean
-    rollout count that keeps the average near n̄.
-
-    Per bin b and arm a the score S[b, a] accumulates −(J + μ·(a − n̄)) each time
-    the bin was given a rollouts, J = −(mean loss of the bin's rollouts); the
-    arm probabilities are (1−γ)·softmax(η·S[b]) + γ/A. After each batch
-    μ ← μ + ``price_step``·(realised mean n − n̄). The published code chooses one arm per bin
-    by a DP over the budget; ``choose`` here takes each bin's most probable arm
-    (or a draw, with ``rng``) and leaves fitting the budget to an allocator.
-    Groups whose n is not one of the arms update only the price.
-    """
-
-    def __init__(
-        self,
-        n_bins: int,
-        mean_n: float,
-        min_n: int = 2,
-        eta: float = 0.1,
-        gamma: float = 0.15,
-        price_step: float = 0.05,
-    ) -> None:
-        if mean_n < min_n:
-            raise ValueError("mean_n must be ≥ min_n")
-        self.mean_n = float(mean_n)
-        self.arms = np.arange(int(min_n), int(np.floor(3 * mean_n)) + 1, dtype=np.int64)
-        self.eta = float(eta)
-        self.gamma = float(gamma)
-        self.price_step = float(price_step)
-        self.score_ = np.zeros((0, self.arms.size), np.float64)
-        self.mu_ = np.zeros(1, np.float64)  # shadow price (an array so state is arrays only)
-        self.grow(n_bins)
-
-    def grow(self, n_bins: int) -> None:
-        self.score_ = _grow_arms(self.score_, n_bins)
-
-    def probs(self) -> np.ndarray:
-        """(n_bins, A) arm probabilities per bin."""
-        z = self.eta * self.score_
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-        a = self.arms.size
-        return (1 - self.gamma) * e / e.sum(axis=1, keepdims=True) + self.gamma / a
-
-    def choose(self, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Rollout count per bin: the argmax arm, or one draw per bin with rng."""
-        p = self.probs()
-        if rng is None:
-            idx = p.argmax(axis=1)
-        else:
-            u = rng.random(p.shape[0])[:, None]
-            idx = np.minimum((p.cumsum(axis=1) < u).sum(axis=1), p.shape[1] - 1)
-        return self.arms[idx]
-
-    def update(self, bins: np.ndarray, n: np.ndarray, loss: np.ndarray) -> None:
-        bins, n, loss = _check_groups(bins, n, loss, self.score_.shape[0])
-        if n.size == 0:
-            return
-        a = self.arms.size
-        arm_idx = np.searchsorted(self.arms, n)
-        valid = (arm_idx < a) & (self.arms[np.minimum(arm_idx, a - 1)] == n)
-        if valid.any():
-            # One update per (bin, arm) pair: the mean loss of its rollouts this batch.
-            key = bins[valid] * a + arm_idx[valid]
-            size = self.score_.size
-            tot = np.bincount(key, weights=n[valid].astype(np.float64), minlength=size)
-            s = np.bincount(key, weights=n[valid] * loss[valid], minlength=size)
-            hit = tot > 0
-            j = -np.where(hit, s / np.where(hit, tot, 1.0), 0.0)  # J ≈ −mean loss
-            arm_n = np.tile(self.arms, self.score_.shape[0])
-            adj = j + self.mu_[0] * (arm_n - self.mean_n)
-            flat = self.score_.reshape(-1)  # a view: score_ is C-contiguous
-            flat[hit] -= adj[hit]
-        realised = float(np.average(n))
-        self.mu_[0] = self.mu_[0] + self.price_step * (realised - self.mean_n)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import grow, occurrence_rank
+from .util import grow
 
 
 class BetaPosterior:
@@ -30,13 +30,6 @@ class BetaPosterior:
     def grow(self, size: int) -> None:
         self.ev_success_ = grow(self.ev_success_, size, 0.0)
         self.ev_failure_ = grow(self.ev_failure_, size, 0.0)
-
-    def update(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
-        """Apply groups in order; repeated ordinals are applied one after another."""
-        rank = occurrence_rank(ordinals)
-        for r in range(int(rank.max()) + 1 if rank.size else 0):
-            m = rank == r
-            self.update_unique(ordinals[m], n[m], successes[m])
 
     def update_unique(self, ordinals: np.ndarray, n: np.ndarray, successes: np.ndarray) -> None:
         """One group each for distinct ordinals."""

@@ -14,7 +14,6 @@ from .util import grow
 
 __all__ = [
     "ReplayBuffer",
-    "adarft_select",
     "adarft_target",
     "candidate_pool",
     "difficulty_levels",
@@ -27,7 +26,6 @@ __all__ = [
     "plr_scores",
     "sample_without_replacement",
     "top_k",
-    "vcrl_variance",
 ]
 
 
@@ -45,19 +43,6 @@ def learnability(p: np.ndarray) -> np.ndarray:
     return p * (1.0 - p) / 0.25
 
 
-def vcrl_variance(k: np.ndarray, G) -> np.ndarray:
-    """VCRL: unbiased group variance k(G−k)/(G(G−1)) of k successes in G,
-    divided by its maximum over k (at k = ⌊G/2⌋), so it lies in [0, 1]."""
-    k = np.asarray(k, np.float64)
-    G = np.asarray(G, np.float64)
-    h = np.floor(G / 2.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = k * (G - k) / (G * (G - 1.0))
-        vmax = h * (G - h) / (G * (G - 1.0))
-        out = v / vmax
-    return np.where(G > 1, out, 0.0)
-
-
 # -- AdaRFT -----------------------------------------------------------------------------
 def adarft_target(
     T: float,
@@ -72,13 +57,6 @@ def adarft_target(
     T ← clip(T + η·tanh(α(R̄ − β)), d_min, d_max). A mean reward above β moves
     the target toward harder prompts (larger difficulty)."""
     return float(np.clip(T + eta * np.tanh(alpha * (mean_reward - beta)), d_min, d_max))
-
-
-def adarft_select(difficulty: np.ndarray, T: float, B: int) -> np.ndarray:
-    """Indices of the B prompts whose difficulty is closest to T, closest first
-    (ties by lower index)."""
-    d = np.abs(np.asarray(difficulty, np.float64) - T)
-    return top_k(-d, B)
 
 
 # -- E2H --------------------------------------------------------------------------------

@@ -2,15 +2,17 @@
 rollout allocator. Each has a pydantic ``Params`` model (validated: a bad value
 is a 422) and a ``plan`` that is pure and vectorised over the pool.
 
-A strategy keeps no state of its own: everything it reads is in the
-``PoolState`` (and its trackers), which is derived from the reward log, so a
+A strategy keeps no state of its own across plans: everything it reads is in
+the ``PoolState`` (and its trackers), which is derived from the reward log, so a
 plan depends only on (the log, the request, the seed) — the same after a
-restart, and the same on every replica.
+restart, and the same on every replica. (E2H notes the step of the plan it is
+making on the instance, set from the request at the start of every plan.)
 
 Two-phase plans (pilot/commit): every strategy can ``extend`` a plan once its
 pilot rewards are in (``POST /v1/runs/{run}/plans/{plan_id}/extend``); the
-default rule is Pilot-Commit's keep band on the pilot pass rate, then the
-greedy informative-group allocator over the kept prompts.
+default rule is Pilot-Commit's keep band on the pilot pass rate, then a
+Neyman-style split of the extra budget over the kept prompts (greedy on
+σ²/(n(n+1)); see ``Strategy.extend``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
+from scipy import stats as scipy_stats
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import allocation, bandits, selection
@@ -100,12 +103,22 @@ class Strategy:
         """Predicted pass rates (for plans, calibration and the API)."""
         return pool.predicted_pass_rate(idx)
 
+    def interval(
+        self, pool: PoolState, idx: np.ndarray, step: int, level: float = 0.9
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Central credible interval of the pass rate under the model ``predict`` uses
+        (here the per-prompt Beta posterior, whose mean ``predict`` is)."""
+        a, b = pool.posterior(idx)
+        q = (1.0 - level) / 2.0
+        return scipy_stats.beta.ppf(q, a, b), scipy_stats.beta.ppf(1.0 - q, a, b)
+
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
         """Per-prompt estimates of this strategy's own model, for the API (arrays over idx)."""
         return {}
 
     def inspect(self, pool: PoolState) -> dict:
-        """The strategy's run-level state, for the API (bandit weights …)."""
+        """The strategy's run-level state, for the API (bandit weights …): the merged
+        ``inspect()`` of the pool's trackers; ``{}`` when it has none."""
         out: dict = {}
         for t in pool.trackers.values():
             out.update(t.inspect())
@@ -123,8 +136,8 @@ class Strategy:
         """Extra rollouts per plan prompt after its pilot (Pilot-Commit): prompts whose
         pilot pass rate is in [0.125, 0.75] are kept, the rest (too easy, unsolved,
         not reported) get none. The extra budget goes to the kept ones to minimise the
-        variance of the gradient estimate Σ σᵢ²/nᵢ, σᵢ² = pᵢ(1−pᵢ) from the posterior
-        (which includes the pilot) and nᵢ = pilot + extra: greedy on the marginal gains
+        variance of the gradient estimate Σ σᵢ²/nᵢ, σᵢ² = pᵢ(1−pᵢ) at ``predict`` (which
+        includes the pilot) and nᵢ = pilot + extra: greedy on the marginal gains
         σᵢ²/(n(n+1)), which decrease in n, so greedy is optimal (Neyman allocation given
         the pilot counts). Each prompt stays within its remaining room ``hi``.
         Returns an int64 array summing to min(extra, total room of the kept)."""
@@ -293,6 +306,30 @@ class Frontier(Strategy):
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
         return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
+
+    def interval(
+        self, pool: PoolState, idx: np.ndarray, step: int, level: float = 0.9
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Quantiles of the pass rate's posterior under the item-response model: σ of a
+        Gaussian logit, mixed with point masses at 0 (stuck) and 1 (solved) when the
+        latent classes are on."""
+        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
+        step = max(step, pool.step)
+        x, v = tracker.logit(pool, idx, step)
+        if tracker.model.latent:
+            qs, qv = tracker.latent_probs(pool, idx, step)
+        else:
+            qs = qv = np.zeros_like(x)
+        w = np.maximum(1.0 - qs - qv, 0.0)
+        sd = np.sqrt(v)
+
+        def quantile(q: float) -> np.ndarray:
+            inner = np.clip((q - qs) / np.where(w > 0, w, 1.0), 1e-12, 1 - 1e-12)
+            t = 1.0 / (1.0 + np.exp(-(x + sd * scipy_stats.norm.ppf(inner))))
+            return np.where(q <= qs, 0.0, np.where(q >= qs + w, 1.0, t))
+
+        q = (1.0 - level) / 2.0
+        return quantile(q), quantile(1.0 - q)
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
         tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
@@ -493,8 +530,9 @@ class GDROParams(ArmParams):
 class GDROStrategy(_ArmStrategy):
     name = "gdro"
     description = (
-        "Prompt-GDRO: prompts binned by running pass rate (with hysteresis); multiplicative weights over bins "
-        "from an EMA of each bin's mean |advantage| normalised by its batch share; prompts uniform within a bin."
+        "Prompt-GDRO: prompts binned by running pass rate (with hysteresis); bin weights "
+        "(1−γ)·softmax(η·score) + γ/K, score an EMA (weight β) of each bin's mean |advantage| divided by its "
+        "share of the batch's rollouts; prompts uniform within a bin."
     )
     Params = GDROParams
 
@@ -522,8 +560,10 @@ class E2HParams(ArmParams):
 class E2HStrategy(_ArmStrategy):
     name = "e2h"
     description = (
-        "E2H: easy-to-hard schedule over K difficulty levels (by predicted pass rate, or the client's prior), "
-        "cosine or gaussian with fading, as a function of step / total_steps; prompts uniform within a level."
+        "E2H: easy-to-hard schedule over K difficulty levels, cosine or gaussian with fading, as a function of "
+        "step / total_steps; a prompt's level is from its predicted pass rate under the hierarchical Beta "
+        "posterior the pool keeps (or the client's prior); prompts uniform within a level. That posterior is "
+        "its only run state (no tracker); the schedule's position is the plan's step."
     )
     Params = E2HParams
 
@@ -531,7 +571,7 @@ class E2HStrategy(_ArmStrategy):
         return PoolState(hierarchical=True)
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        self._step = req.step
+        self._step = req.step  # read by ``weights`` during this plan; set afresh by every plan
         return super().plan(pool, req, rng)
 
     def weights(self, pool: PoolState) -> np.ndarray:
@@ -625,9 +665,9 @@ class ZPPOParams(BetaParams):
 class ZPPO(BetaThompson):
     name = "zppo"
     description = (
-        "ZPPO-style replay: prompts whose groups scored below a mean accuracy of 0.5 stay in a FIFO buffer "
-        "until a later group reaches it (they graduate); a share of each batch replays them, the rest is "
-        "chosen like `beta`."
+        "ZPPO-style replay: prompts whose groups scored below a mean accuracy of `threshold` (0.5) stay in a "
+        "FIFO buffer until a later group reaches it (they graduate); a share of each batch replays them, the "
+        "rest is chosen like `beta` (with the request's rollouts per prompt)."
     )
     Params = ZPPOParams
 
@@ -642,7 +682,10 @@ class ZPPO(BetaThompson):
         members = pool.trackers["replay"].buffer.members()  # type: ignore[attr-defined]
         k = min(members.size, int(round(p.replay_fraction * req.batch_size)))
         replay = rng.choice(members, size=k, replace=False) if k else np.zeros(0, np.int64)
-        inner = PlanRequest(req.batch_size + k, (req.batch_size + k) * 8, 1, 64, req.step)  # selection only
+        # Selection only (its allocation is discarded): the request's rollouts per prompt and bounds.
+        B = req.batch_size + k
+        budget = round(req.rollout_budget / req.batch_size * B)
+        inner = PlanRequest(B, budget, req.min_rollouts, req.max_rollouts, req.step)
         fresh = super().plan(pool, inner, rng).ordinals
         fresh = fresh[~np.isin(fresh, replay)][: req.batch_size - k]
         chosen = np.concatenate([replay, fresh]).astype(np.int64)
@@ -696,7 +739,8 @@ class PilotCommit(BetaThompson):
     description = (
         "Pilot-Commit: the plan is the pilot (its budget split equally over a batch that should be ~3× the "
         "final one); after the pilot rewards are reported, POST …/plans/{plan_id}/extend commits an extra "
-        "budget to the prompts whose pilot pass rate is in [0.125, 0.75], by greedy informative-group gain."
+        "budget to the prompts whose pilot pass rate is in [0.125, 0.75], split to minimise Σ p(1−p)/n given "
+        "the pilot counts (Neyman-style: greedy on p(1−p)/(n(n+1)))."
     )
 
     class Params(BetaParams):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import bandits, selection
-from .hmm import SolveStateHMM
+from .hmm import N_STATES, SolveStateHMM
 from .irt import SkillDifficultyModel, prior_logit
 from .pool import Observations, PoolState
 from .util import grow, occurrence_rank
@@ -84,7 +84,14 @@ class HMMTracker:
         self.hmm.observe(o, obs.n, obs.successes, obs.step, pool.domain[o])
 
     def inspect(self) -> dict:
-        return {}
+        """``state_share``: the mean filtered belief (unsolved, partially solved, solved)
+        of the seen prompts at their last report — with exact emissions the share of them
+        whose last group was in each state; uniform while none is seen."""
+        h = self.hmm
+        seen = h.seen_[: h.size]
+        count = int(seen.sum())
+        share = h.belief_[: h.size][seen].mean(axis=0) if count else np.full(N_STATES, 1.0 / N_STATES)
+        return {"seen_prompts": count, "state_share": share.tolist()}
 
 
 class ArmBandit:

@@ -1,9 +1,13 @@
 """SQLAlchemy 2 models. The schema changes only through Alembic (``migrations/``).
 
-The reward log (``results``) is the source of truth; every estimator state is
-derived from it. Rows of one run are ordered by ``(report_seq, position)``:
-``report_seq`` is the run's own counter, taken under the run lock, so replaying
-the log in that order reproduces exactly the order in which reports committed.
+A run's ordered event log is the source of truth; every estimator state is a fold
+over it (``service/runstate.py``). Each write of a run takes the next position of
+the run's log, ``runs.log_seq``, under the run's lock, so log order is commit order:
+prompt upserts (``prompt_events``), reports (``reports.report_seq``; their groups in
+``results``, ordered by ``(report_seq, position)``), plans and extensions
+(``plans.log_seq``, ``plan_extensions.log_seq``) and strategy changes
+(``strategy_changes.log_seq``). Rows written before migration 0007 have no position
+(NULL) and are not events, except their prompts, logged at position 0.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class Run(Base):
     # Counters, all updated in the same transaction as the rows they count.
     n_prompts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     prompt_version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    # The log position of the run's latest event, and of its latest report.
+    log_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0, server_default="0")
     report_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
     n_plans: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     n_results: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
@@ -94,6 +100,7 @@ class Plan(Base):
     )
     # Milliseconds the strategy spent computing the plan (migration 0002).
     compute_ms: Mapped[float | None] = mapped_column(Float)
+    log_seq: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),)
 
@@ -176,13 +183,15 @@ class PlanExtension(Base):
 
     plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), primary_key=True)
     extra_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    log_seq: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
 
 
 class StrategyChange(Base):
-    """A run's strategy history: the strategy in force from ``report_seq`` on."""
+    """A run's strategy history: ``strategy`` is in force for the plans of steps ≥ ``step``
+    (the latest change, in log order, whose step is ≤ the plan's)."""
 
     __tablename__ = "strategy_changes"
 
@@ -190,9 +199,27 @@ class StrategyChange(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, nullable=False)
     strategy: Mapped[dict] = mapped_column(JSON, nullable=False)
+    log_seq: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), nullable=False
     )
+
+
+class PromptEvent(Base):
+    """The scheduling fields of prompts as an upsert wrote them (every created prompt,
+    and every update that set one of them), at the upsert's log position."""
+
+    __tablename__ = "prompt_events"
+
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    domain: Mapped[str | None] = mapped_column(String(ID_LEN))
+    prior_pass_rate: Mapped[float | None] = mapped_column(Float)
+    prior_strength: Mapped[float | None] = mapped_column(Float)
+
+
 class ApiKey(Base):
     """An API key. Only the SHA-256 of the key is stored; ``key_id`` is the key's
     public, non-secret part (it is embedded in the key), used to find the row

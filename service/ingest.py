@@ -1,0 +1,254 @@
+"""The write paths that grow the log: reports and prompt upserts.
+
+Each validates its request (before taking the run's lock where it can), writes its
+event at the run's next log position in one transaction, and after commit folds the
+event into this process's state (``StateStore.advance``). All-or-nothing: a refused
+request stores nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from itertools import chain
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from .api import schemas
+from .config import Settings
+from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
+from .runstate import PromptsEvent, ReportEvent
+from .states import StateStore
+from .storage import repository as repo
+from .storage.db import write_session
+
+WARM_START_MAX_STRENGTH = 20.0
+
+
+def run_not_found(run_id: str) -> NotFound:
+    return NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
+
+
+def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Mean |advantage| of each group with std-normalised (GRPO) advantages; 0 when all equal."""
+    scale = max(1.0, float(np.abs(flat).max()))  # |A| is scale-free; keep the squares finite
+    flat, sums = flat / scale, sums / scale
+    mu = sums / lengths
+    dev = flat - np.repeat(mu, lengths)
+    mad = np.add.reduceat(np.abs(dev), starts) / lengths
+    sd = np.sqrt(np.add.reduceat(dev * dev, starts) / lengths)
+    return np.where(sd > 1e-12, mad / np.where(sd > 1e-12, sd, 1.0), 0.0)
+
+
+def report_hash(step: int, plan_id: str | None, prompt_ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> str:
+    """Fingerprint of a report's content (a re-sent report must match it): step, plan,
+    prompt ids in order, group sizes and the rewards' exact float64 bits."""
+    h = hashlib.sha256(b"rollplan-report-v2\0")
+    h.update(json.dumps([step, plan_id, prompt_ids], separators=(",", ":")).encode())
+    h.update(lengths.astype("<i8").tobytes())
+    h.update(flat.astype("<f8").tobytes())
+    return h.hexdigest()
+
+
+def legacy_report_hash(body: schemas.ResultsIn) -> str:
+    """The fingerprint stored by versions before ``report_hash`` (checked only when the
+    new one differs, so a report acknowledged before an upgrade still deduplicates)."""
+    return hashlib.sha256(
+        json.dumps(
+            [body.step, body.plan_id, [[g.prompt_id, g.rewards] for g in body.results]], separators=(",", ":")
+        ).encode()
+    ).hexdigest()
+
+
+def rewards_json(flat: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Each group's rewards as JSON text. Verifiable rewards take few distinct values,
+    so each value is formatted once and groups are joined from the tokens."""
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    vals, inv = np.unique(flat, return_inverse=True)
+    if len(vals) > 256:
+        values = flat.tolist()
+        return [json.dumps(values[a:b]) for a, b in zip(starts, ends)]
+    tokens = [json.dumps(v) for v in vals.tolist()]
+    toks = [tokens[k] for k in inv.ravel().tolist()]
+    return ["[" + ", ".join(toks[a:b]) + "]" for a, b in zip(starts, ends)]
+
+
+class Ingest:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], store: StateStore, metrics: Any = None):
+        self.settings = settings
+        self.sessions = sessions
+        self.store = store
+        self.metrics = metrics
+
+    # -- reports ----------------------------------------------------------------------
+    def report(self, run_id: str, body: schemas.ResultsIn) -> schemas.ResultsAck:
+        cfg = self.settings
+        groups = body.results
+        if len(groups) > cfg.max_results_per_report:
+            raise TooLarge(
+                f"results: {len(groups)} groups exceed the limit of {cfg.max_results_per_report} "
+                "per report; split it into several reports with distinct report_ids"
+            )
+        rewards = [g.rewards for g in groups]
+        prompt_ids = [g.prompt_id for g in groups]
+        lengths = np.fromiter(map(len, rewards), dtype=np.int64, count=len(groups))
+        if lengths.max() > cfg.max_rewards_per_group:
+            i = int(np.argmax(lengths > cfg.max_rewards_per_group))
+            raise TooLarge(
+                f"results[{i}].rewards: {int(lengths[i])} rewards exceed the limit of "
+                f"{cfg.max_rewards_per_group} per group"
+            )
+        flat = np.fromiter(chain.from_iterable(rewards), dtype=np.float64, count=int(lengths.sum()))
+        starts = np.r_[0, np.cumsum(lengths)[:-1]]
+        sums = np.add.reduceat(flat, starts)
+        gmax = np.maximum.reduceat(flat, starts)
+        gmin = np.minimum.reduceat(flat, starts)
+        abs_adv = group_abs_advantage(flat, starts, lengths, sums)
+        body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat)
+        texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
+
+        with write_session(self.sessions, run_id) as s:
+            row = repo.report_context(s, run_id, body.report_id, body.step)
+            if row is None:
+                raise run_not_found(run_id)
+            run, prior_groups, prior_hash, reported_step, step_known = row
+            if prior_hash is not None:
+                if prior_hash != body_hash and prior_hash != legacy_report_hash(body):
+                    raise Conflict(
+                        f"report_id {body.report_id!r} was already used for a different report; "
+                        "a re-sent report must be identical, a new one needs a new report_id"
+                    )
+                return schemas.ResultsAck(accepted=prior_groups, duplicate=True)
+            lo, hi = run.settings["reward_range"]
+            state = self.store.state(s, run)
+            ordinals = state.lookup(prompt_ids)
+            bad = [(int(i), groups[i].prompt_id, "unknown prompt id") for i in np.flatnonzero(ordinals < 0)]
+            bad += [
+                (int(i), groups[i].prompt_id, f"reward outside the run's reward_range [{lo}, {hi}]")
+                for i in np.flatnonzero((gmin < lo) | (gmax > hi))
+            ]
+            if bad:
+                bad.sort()
+                raise Invalid(
+                    f"results[{bad[0][0]}]: {bad[0][2]} ({len(bad)} invalid items in all); nothing was stored",
+                    errors=item_errors("results", bad),
+                )
+            if body.plan_id is not None and not repo.plan_in_run(s, body.plan_id, run.pk):
+                raise Invalid(
+                    f"plan_id: no plan {body.plan_id!r} in run {run_id!r}",
+                    errors=[{"loc": "body.plan_id", "msg": "unknown plan"}],
+                )
+            seq = run.log_seq + 1
+            informative = gmax != gmin
+            # Recorded with the rows (export, inspection): steps the run's reports had
+            # moved past this one's at commit. The fold decides its own down-weight.
+            staleness = 0 if reported_step is None else max(0, int(reported_step) - body.step)
+            repo.insert_report(
+                s, run, seq, body.report_id, body_hash, body.step, body.plan_id, ordinals, lengths, sums,
+                informative, abs_adv, staleness, texts, bool(step_known),
+            )
+        if self.metrics is not None:
+            self.metrics.observe_ingest(len(groups), int(lengths.sum()))
+        self.store.advance(state, ReportEvent(seq, body.step, ordinals, lengths, sums, informative, abs_adv))
+        if self.store.on_state is not None:
+            self.store.on_state(state, run)
+        return schemas.ResultsAck(accepted=len(groups), duplicate=False)
+
+    # -- prompts ------------------------------------------------------------------------
+    def upsert_prompts(self, run_id: str, body: schemas.PromptsIn) -> schemas.PromptsAck:
+        items = body.prompts
+        cfg = self.settings
+        if len(items) > cfg.max_prompts_per_request:
+            raise TooLarge(
+                f"prompts: {len(items)} items exceed the limit of {cfg.max_prompts_per_request} "
+                "per request; split the upload into chunks"
+            )
+        too_long = [
+            (i, p.id, f"text longer than {cfg.max_text_chars} characters")
+            for i, p in enumerate(items)
+            if p.text is not None and len(p.text) > cfg.max_text_chars
+        ]
+        if too_long:
+            raise Invalid(f"prompts[{too_long[0][0]}].text: {too_long[0][2]}", errors=item_errors("prompts", too_long))
+        seen: dict[str, int] = {}
+        dups = []
+        for i, p in enumerate(items):
+            if p.id in seen:
+                dups.append((i, p.id, f"duplicate of prompts[{seen[p.id]}] in the same request"))
+            seen[p.id] = i
+        if dups:
+            raise Invalid(f"prompts[{dups[0][0]}].id: {dups[0][2]}", errors=item_errors("prompts", dups))
+
+        sched = {"domain", "prior_pass_rate", "prior_strength"}
+        with write_session(self.sessions, run_id) as s:
+            run = repo.run_by_id(s, run_id)
+            if run is None:
+                raise run_not_found(run_id)
+            state = self.store.state(s, run)
+            version = run.prompt_version + 1
+            new_rows, upd_rows, upd_sched = [], [], []
+            for p in items:
+                o = state.index.get(p.id)
+                if o is None:
+                    new_rows.append({
+                        "run_pk": run.pk, "ordinal": run.n_prompts + len(new_rows), "id": p.id, "domain": p.domain,
+                        "tags": p.tags, "prior_pass_rate": p.prior_pass_rate, "prior_strength": None, "text": p.text,
+                        "embedding": p.embedding, "version": version,
+                    })
+                else:
+                    row = {"run_pk": run.pk, "ordinal": o, "version": version}
+                    row.update(p.model_dump(include=p.model_fields_set - {"id"}))
+                    upd_rows.append(row)
+                    if sched & p.model_fields_set:
+                        upd_sched.append(row)
+            if new_rows and run.settings.get("warm_start_from"):
+                self._warm_start_priors(s, run.settings["warm_start_from"], new_rows)
+            # The event: every created prompt, and every update that set a scheduling
+            # field, with the fields as stored after this upsert.
+            stored = repo.scheduling_fields(s, run.pk, [r["ordinal"] for r in upd_sched])
+            ev_rows = [(r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows]
+            for r in upd_sched:
+                d, pr, st = stored[r["ordinal"]]
+                ev_rows.append((
+                    r["ordinal"], False, r.get("domain", d), r.get("prior_pass_rate", pr), r.get("prior_strength", st)
+                ))
+            ev_rows.sort(key=lambda r: r[0])  # the order the log is read back in
+            created = {r["ordinal"]: r["id"] for r in new_rows}
+            repo.write_prompts(s, new_rows, upd_rows)
+            run.n_prompts += len(new_rows)
+            run.prompt_version = version
+            event = None
+            if ev_rows:
+                seq = repo.take_seq(s, run)
+                repo.insert_prompt_events(s, run.pk, seq, ev_rows)
+                ids = [created.get(r[0]) for r in ev_rows]
+                event = PromptsEvent(
+                    seq=seq,
+                    ordinals=np.array([r[0] for r in ev_rows], np.int64),
+                    ids=ids,
+                    domains=[r[2] for r in ev_rows],
+                    priors=np.array([np.nan if r[3] is None else r[3] for r in ev_rows], np.float64),
+                    strengths=np.array([np.nan if r[4] is None else r[4] for r in ev_rows], np.float64),
+                )
+        if event is not None:
+            self.store.advance(state, event)
+        return schemas.PromptsAck(created=len(new_rows), updated=len(upd_rows))
+
+    def _warm_start_priors(self, s: Session, source_id: str, rows: list[dict[str, Any]]) -> None:
+        """Seed new prompts without a client prior from the source run's posterior."""
+        source = repo.run_by_id(s, source_id)
+        if source is None:
+            return
+        src = self.store.state(s, source)
+        todo = [r for r in rows if r["prior_pass_rate"] is None]
+        with src.read() as pool:
+            o = src.lookup([r["id"] for r in todo])
+            known = np.flatnonzero(o >= 0)
+            known = known[pool.groups[o[known]] > 0]
+            a, b = pool.posterior(o[known])
+        for i, aa, bb in zip(known.tolist(), a.tolist(), b.tolist()):
+            todo[i]["prior_pass_rate"] = aa / (aa + bb)
+            todo[i]["prior_strength"] = min(aa + bb, WARM_START_MAX_STRENGTH)

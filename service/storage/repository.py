@@ -1,0 +1,381 @@
+"""Every SQL statement of the write and fold paths, and every dialect difference.
+
+Callers pass a ``Session`` (a ``write_session`` for writes, which holds the run's
+lock); nothing here decides anything. Bulk rows go in one round trip: COPY on
+PostgreSQL, one executemany on SQLite (``db.bulk_insert``), built column-wise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from ..runstate import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
+from .db import bulk_insert, copy_text
+from .models import (
+    Plan,
+    PlanExtension,
+    PlanItem,
+    Prompt,
+    PromptEvent,
+    Report,
+    Result,
+    Run,
+    RunStep,
+    StrategyChange,
+)
+
+RESULT_COLUMNS = (
+    "run_pk", "report_seq", "position", "prompt_ordinal", "step", "n", "reward_sum", "informative", "abs_adv",
+    "staleness", "rewards",
+)
+PLAN_ITEM_COLUMNS = ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase")
+PROMPT_EVENT_COLUMNS = ("run_pk", "seq", "ordinal", "created", "domain", "prior_pass_rate", "prior_strength")
+
+
+def is_postgres(s: Session) -> bool:
+    return s.get_bind().dialect.name == "postgresql"
+
+
+# -- runs ---------------------------------------------------------------------------------
+def run_by_id(s: Session, run_id: str) -> Run | None:
+    return s.scalar(select(Run).where(Run.id == run_id))
+
+
+def run_pk_of(s: Session, run_id: str) -> int | None:
+    return s.scalar(select(Run.pk).where(Run.id == run_id))
+
+
+def runs_page(s: Session, after: str | None, limit: int, visible: Any = None) -> list[Run]:
+    q = select(Run).order_by(Run.id).limit(limit)
+    if visible is not None:
+        q = q.where(visible)
+    if after is not None:
+        q = q.where(Run.id > after)
+    return list(s.scalars(q))
+
+
+def step_counts(s: Session, run_pks: list[int]) -> dict[int, int]:
+    """Distinct steps (with a plan or results) of each run, in one query."""
+    if not run_pks:
+        return {}
+    rows = s.execute(
+        select(RunStep.run_pk, func.count()).where(RunStep.run_pk.in_(run_pks)).group_by(RunStep.run_pk)
+    ).all()
+    return {pk: int(n) for pk, n in rows}
+
+
+def strategy_histories(s: Session, run_pks: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Each run's strategy changes in log order, in one query."""
+    out: dict[int, list[dict[str, Any]]] = {pk: [] for pk in run_pks}
+    if not run_pks:
+        return out
+    rows = s.execute(
+        select(StrategyChange.run_pk, StrategyChange.step, StrategyChange.strategy)
+        .where(StrategyChange.run_pk.in_(run_pks))
+        .order_by(StrategyChange.run_pk, StrategyChange.seq)
+    ).all()
+    for pk, step, spec in rows:
+        out[pk].append({"step": step, "strategy": spec})
+    return out
+
+
+def next_step(s: Session, run_pk: int) -> int:
+    last = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_pk == run_pk))
+    return 0 if last is None else int(last) + 1
+
+
+def mark_step(s: Session, run_pk: int, step: int) -> None:
+    ins = pg_insert if is_postgres(s) else sqlite_insert
+    s.execute(ins(RunStep).values(run_pk=run_pk, step=step).on_conflict_do_nothing())
+
+
+def take_seq(s: Session, run: Run) -> int:
+    """The next position of the run's log (the caller holds the run's lock)."""
+    seq = run.log_seq + 1
+    s.execute(update(Run).where(Run.pk == run.pk).values(log_seq=seq).execution_options(synchronize_session=False))
+    run.log_seq = seq
+    return seq
+
+
+def add_strategy_change(s: Session, run: Run, step: int, spec: dict[str, Any]) -> None:
+    n = s.scalar(select(func.count()).select_from(StrategyChange).where(StrategyChange.run_pk == run.pk))
+    seq = take_seq(s, run)
+    s.add(StrategyChange(run_pk=run.pk, seq=n + 1, step=step, strategy=spec, log_seq=seq))
+
+
+# -- the event log ------------------------------------------------------------------------
+def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) -> list[Event]:
+    """The run's events after log position ``after`` (up to ``upto``), in log order."""
+
+    def window(q, col):
+        q = q.where(col > after)
+        return q if upto is None else q.where(col <= upto)
+
+    events: list[Event] = []
+    rows = s.execute(
+        window(
+            select(
+                PromptEvent.seq, PromptEvent.ordinal, PromptEvent.created, Prompt.id, PromptEvent.domain,
+                PromptEvent.prior_pass_rate, PromptEvent.prior_strength,
+            )
+            .join(Prompt, (Prompt.run_pk == PromptEvent.run_pk) & (Prompt.ordinal == PromptEvent.ordinal))
+            .where(PromptEvent.run_pk == run_pk),
+            PromptEvent.seq,
+        ).order_by(PromptEvent.seq, PromptEvent.ordinal)
+    ).all()
+    if rows:
+        seqs, ords, created, ids, doms, priors, strengths = zip(*rows)
+        for a, b in _runs(np.asarray(seqs, np.int64)):
+            events.append(PromptsEvent(
+                seq=int(seqs[a]),
+                ordinals=np.asarray(ords[a:b], np.int64),
+                ids=[i if c else None for i, c in zip(ids[a:b], created[a:b])],
+                domains=list(doms[a:b]),
+                priors=_floats(priors[a:b]),
+                strengths=_floats(strengths[a:b]),
+            ))
+    rows = s.execute(
+        window(
+            select(
+                Result.report_seq, Result.step, Result.prompt_ordinal, Result.n, Result.reward_sum,
+                Result.informative, Result.abs_adv,
+            ).where(Result.run_pk == run_pk),
+            Result.report_seq,
+        ).order_by(Result.report_seq, Result.position)
+    ).all()
+    if rows:
+        cols = [np.asarray(c) for c in zip(*rows)]
+        for a, b in _runs(cols[0].astype(np.int64)):
+            events.append(ReportEvent(
+                seq=int(cols[0][a]),
+                step=int(cols[1][a]),
+                ordinals=cols[2][a:b].astype(np.int64),
+                n=cols[3][a:b].astype(np.int64),
+                reward_sum=cols[4][a:b].astype(np.float64),
+                informative=cols[5][a:b].astype(bool),
+                abs_adv=cols[6][a:b].astype(np.float64),
+            ))
+    for (seq,) in s.execute(window(select(Plan.log_seq).where(Plan.run_pk == run_pk), Plan.log_seq)):
+        events.append(SealEvent(int(seq)))
+    for (seq,) in s.execute(
+        window(
+            select(PlanExtension.log_seq).join(Plan, Plan.id == PlanExtension.plan_id).where(Plan.run_pk == run_pk),
+            PlanExtension.log_seq,
+        )
+    ):
+        events.append(SealEvent(int(seq)))
+    for seq, step, spec in s.execute(
+        window(
+            select(StrategyChange.log_seq, StrategyChange.step, StrategyChange.strategy).where(
+                StrategyChange.run_pk == run_pk
+            ),
+            StrategyChange.log_seq,
+        )
+    ):
+        events.append(StrategyEvent(int(seq), int(step), spec))
+    events.sort(key=lambda e: e.seq)
+    return events
+
+
+def _runs(seqs: np.ndarray) -> list[tuple[int, int]]:
+    bounds = np.r_[0, np.flatnonzero(np.diff(seqs)) + 1, seqs.size].tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _floats(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+# -- prompts ------------------------------------------------------------------------------
+def prompt_rows(s: Session, run_pk: int, ordinals: list[int]) -> dict[int, Prompt]:
+    if not ordinals:
+        return {}
+    return {r.ordinal: r for r in s.scalars(select(Prompt).where(Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals)))}
+
+
+def prompt_by_id(s: Session, run_pk: int, prompt_id: str) -> Prompt | None:
+    return s.scalar(select(Prompt).where(Prompt.run_pk == run_pk, Prompt.id == prompt_id))
+
+
+def prompts_page(s: Session, run_pk: int, after_ordinal: int, limit: int, domain: str | None) -> list[Prompt]:
+    q = select(Prompt).where(Prompt.run_pk == run_pk, Prompt.ordinal > after_ordinal)
+    if domain is not None:
+        q = q.where(Prompt.domain == domain)
+    return list(s.scalars(q.order_by(Prompt.ordinal).limit(limit)))
+
+
+def scheduling_fields(s: Session, run_pk: int, ordinals: list[int]) -> dict[int, tuple]:
+    """(domain, prior_pass_rate, prior_strength) of existing prompts."""
+    if not ordinals:
+        return {}
+    rows = s.execute(
+        select(Prompt.ordinal, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength).where(
+            Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals)
+        )
+    ).all()
+    return {o: (d, p, st) for o, d, p, st in rows}
+
+
+def write_prompts(s: Session, new_rows: list[dict[str, Any]], upd_rows: list[dict[str, Any]]) -> None:
+    if new_rows:
+        s.execute(insert(Prompt), new_rows)
+    if upd_rows:
+        s.execute(update(Prompt), upd_rows)
+
+
+def insert_prompt_events(s: Session, run_pk: int, seq: int, rows: list[tuple]) -> None:
+    """``rows``: (ordinal, created, domain, prior_pass_rate, prior_strength)."""
+    bulk_insert(s, "prompt_events", PROMPT_EVENT_COLUMNS, [(run_pk, seq, *r) for r in rows])
+
+
+def history(s: Session, run_pk: int, ordinal: int, limit: int | None = None) -> list[dict[str, Any]]:
+    """The prompt's reported groups, oldest first; with ``limit``, only the latest ``limit``."""
+    q = (
+        select(Report.report_id, Result.step, Result.rewards)
+        .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+        .where(Result.run_pk == run_pk, Result.prompt_ordinal == ordinal)
+    )
+    if limit is None:
+        rows = s.execute(q.order_by(Result.report_seq, Result.position)).all()
+    else:
+        rows = s.execute(q.order_by(Result.report_seq.desc(), Result.position.desc()).limit(limit)).all()[::-1]
+    return [{"report_id": r, "step": st, "rewards": rw} for r, st, rw in rows]
+
+
+def history_count(s: Session, run_pk: int, ordinal: int) -> int:
+    return int(s.scalar(
+        select(func.count()).select_from(Result).where(Result.run_pk == run_pk, Result.prompt_ordinal == ordinal)
+    ) or 0)
+
+
+# -- reports ------------------------------------------------------------------------------
+def report_context(s: Session, run_id: str, report_id: str, step: int):
+    """In one round trip: the run, this report_id's earlier report (n_groups, hash) if
+    any, the latest step the run has *reported*, and whether ``step`` is known. The
+    caller holds the run's lock, so every earlier report is committed. max(results.step)
+    is read from the index ix_results_run_step in one seek."""
+    latest_reported = select(func.max(Result.step)).where(Result.run_pk == Run.pk).scalar_subquery()
+    step_known = select(RunStep.step).where(RunStep.run_pk == Run.pk, RunStep.step == step).exists()
+    return s.execute(
+        select(Run, Report.n_groups, Report.body_hash, latest_reported, step_known)
+        .outerjoin(Report, (Report.run_pk == Run.pk) & (Report.report_id == report_id))
+        .where(Run.id == run_id)
+    ).first()
+
+
+def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
+    return s.scalar(select(Plan.id).where(Plan.id == plan_id, Plan.run_pk == run_pk)) is not None
+
+
+def insert_report(
+    s: Session, run: Run, seq: int, report_id: str, body_hash: str, step: int, plan_id: str | None,
+    ordinals: np.ndarray, lengths: np.ndarray, sums: np.ndarray, informative: np.ndarray, abs_adv: np.ndarray,
+    staleness: int, texts: list[str], step_known: bool,
+) -> None:
+    """The report, its rows of the reward log, the step and the run's counters."""
+    k = len(texts)
+    n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
+    s.execute(insert(Report).values(
+        run_pk=run.pk, report_seq=seq, report_id=report_id, body_hash=body_hash, step=step, plan_id=plan_id, n_groups=k,
+    ))
+    _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts)
+    if not step_known:
+        mark_step(s, run.pk, step)
+    s.execute(
+        update(Run)
+        .where(Run.pk == run.pk)
+        .values(
+            log_seq=seq,
+            report_seq=seq,
+            n_results=Run.n_results + k,
+            n_rollouts=Run.n_rollouts + n_rollouts,
+            n_informative_rollouts=Run.n_informative_rollouts + n_informative,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    # Mirror the SQL update on the row (detached after commit; the predictor reads it).
+    run.log_seq = run.report_seq = seq
+    run.n_results += k
+    run.n_rollouts += n_rollouts
+    run.n_informative_rollouts += n_informative
+
+
+def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts) -> None:
+    cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist(), texts)
+    if is_postgres(s):  # COPY text built in one pass: this is the ingestion hot path
+        head, mid, tail = f"{run_pk}\t{seq}\t", f"\t{step}\t", f"\t{staleness}\t"
+        lines = [
+            f"{head}{i}\t{o}{mid}{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}{tail}{rw}\n"
+            for i, (o, n, r, inf, aa, rw) in enumerate(cols)
+        ]
+        copy_text(s, "results", RESULT_COLUMNS, "".join(lines))
+        return
+    rows = [(run_pk, seq, i, o, step, n, r, inf, aa, staleness, rw) for i, (o, n, r, inf, aa, rw) in enumerate(cols)]
+    bulk_insert(s, "results", RESULT_COLUMNS, rows)
+
+
+# -- plans --------------------------------------------------------------------------------
+def plan_of_step(s: Session, run_pk: int, step: int) -> Plan | None:
+    return s.scalar(select(Plan).where(Plan.run_pk == run_pk, Plan.step == step))
+
+
+def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
+    return s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run_pk))
+
+
+def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted) -> None:
+    s.add(plan)
+    s.flush()
+    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted)
+    mark_step(s, plan.run_pk, plan.step)
+
+
+def insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted) -> None:
+    cols = (np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted, dtype=float).tolist())
+    if is_postgres(s):  # COPY text built in one pass (a plan has thousands of items)
+        lines = [f"{plan_id}\t{first + i}\t{o}\t{r}\t{p!r}\t{phase}\n" for i, (o, r, p) in enumerate(zip(*cols))]
+        copy_text(s, "plan_items", PLAN_ITEM_COLUMNS, "".join(lines))
+        return
+    rows = [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))]
+    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, rows)
+
+
+def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:
+    return [tuple(r) for r in s.execute(
+        select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
+        .where(PlanItem.plan_id == plan_id, PlanItem.phase == phase)
+        .order_by(PlanItem.position)
+    ).all()]
+
+
+def extension(s: Session, plan_id: str) -> PlanExtension | None:
+    return s.get(PlanExtension, plan_id)
+
+
+def pilot_sums(s: Session, run_pk: int, plan_id: str) -> list[tuple[int, int, float]]:
+    """(ordinal, rollouts, reward sum) of the groups reported with this plan_id."""
+    return [tuple(r) for r in s.execute(
+        select(Result.prompt_ordinal, func.sum(Result.n), func.sum(Result.reward_sum))
+        .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+        .where(Report.run_pk == run_pk, Report.plan_id == plan_id)
+        .group_by(Result.prompt_ordinal)
+    ).all()]
+
+
+def add_extension(s: Session, plan_id: str, extra_budget: int, seq: int) -> None:
+    s.add(PlanExtension(plan_id=plan_id, extra_budget=extra_budget, log_seq=seq))
+    s.flush()
+
+
+def strategy_changes(s: Session, run_pk: int) -> list[tuple[int, dict[str, Any]]]:
+    return [(int(st), spec) for st, spec in s.execute(
+        select(StrategyChange.step, StrategyChange.strategy)
+        .where(StrategyChange.run_pk == run_pk)
+        .order_by(StrategyChange.seq)
+    )]
