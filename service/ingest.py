@@ -189,7 +189,9 @@ class Ingest:
                 raise run_not_found(run_id)
             state = self.store.state(s, run)
             version = run.prompt_version + 1
-            new_rows, upd_rows, upd_sched = [], [], []
+            new_rows: list[dict[str, Any]] = []
+            upd_rows: list[dict[str, Any]] = []
+            upd_sched: list[dict[str, Any]] = []
             for p in items:
                 o = state.index.get(p.id)
                 if o is None:
@@ -209,7 +211,7 @@ class Ingest:
             # The event: every created prompt, and every update that set a scheduling
             # field, with the fields as stored after this upsert.
             stored = repo.scheduling_fields(s, run.pk, [r["ordinal"] for r in upd_sched])
-            ev_rows = [(r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows]
+            ev_rows: list[tuple[int, bool, str | None, float | None, float | None]] = [(r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows]
             for r in upd_sched:
                 d, pr, st = stored[r["ordinal"]]
                 ev_rows.append((

@@ -402,7 +402,7 @@ def select_prompts(
                 return [], None
             mask &= pool.domain == code
         wants_p = state or min_pass_rate is not None or max_pass_rate is not None
-        p = predicted(ctx.strategy, pool) if wants_p else None
+        p = predicted(ctx.strategy, pool) if wants_p else np.zeros(0)
         if state is not None:
             mask &= state_codes(pool.rollouts, p) == STATES.index(state)
         if min_pass_rate is not None:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from . import allocation, selection
 from .pool import Observations, PoolState
-from .strategies import REGISTRY, PlanDecision, PlanRequest, Strategy, StrategyParams
+from .base import REGISTRY, PlanDecision, PlanRequest, Strategy, StrategyParams
 from .util import grow
 
 __all__ = ["DifficultyPool", "LatestGroupMean", "OpenInstruct", "PrimeRL", "Retirement"]
@@ -261,7 +261,7 @@ class PrimeRLParams(StrategyParams):
         )
 
 
-class PrimeRL(Strategy):
+class PrimeRL(Strategy[PrimeRLParams]):
     name = "prime_rl"
     description = (
         "prime-rl's difficulty_pool curriculum (baseline): each prompt is put in a named pool by its latest "
@@ -273,7 +273,7 @@ class PrimeRL(Strategy):
     Params = PrimeRLParams
 
     def make_pool(self) -> PoolState:
-        p: PrimeRLParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         if p.sampler == "difficulty_pool":
             pool.trackers["difficulty_pool"] = LatestGroupMean(p.ordered_pools()[1])
@@ -283,23 +283,23 @@ class PrimeRL(Strategy):
 
     def _weights(self) -> np.ndarray:
         """Weight of each class: unseen (class 0), then the pools in threshold order."""
-        return np.r_[1.0, self.params.ordered_pools()[2]]  # type: ignore[attr-defined]
+        return np.r_[1.0, self.params.ordered_pools()[2]]
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: PrimeRLParams = self.params  # type: ignore[assignment]
+        p = self.params
         if p.sampler == "difficulty_pool":
-            cls = pool.trackers["difficulty_pool"].pool_[: pool.size].astype(np.int64) + 1  # type: ignore[attr-defined]
+            cls = pool.tracker("difficulty_pool", LatestGroupMean).pool_[: pool.size].astype(np.int64) + 1
             chosen = _weighted_by_class(cls, self._weights(), req.batch_size, rng)
         else:
-            active = pool.trackers["buffer"].retired_[: pool.size] == ACTIVE  # type: ignore[attr-defined]
+            active = pool.tracker("buffer", Retirement).retired_[: pool.size] == ACTIVE
             chosen = _uniform_active(active, req.batch_size, rng)
         return PlanDecision(chosen, _equal(req), pool.predicted_pass_rate(chosen))
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        p: PrimeRLParams = self.params  # type: ignore[assignment]
+        p = self.params
         if p.sampler == "buffer":
-            return {"retired": pool.trackers["buffer"].retired_[idx].astype(np.float64)}  # type: ignore[attr-defined]
-        tr: LatestGroupMean = pool.trackers["difficulty_pool"]  # type: ignore[assignment]
+            return {"retired": pool.tracker("buffer", Retirement).retired_[idx].astype(np.float64)}
+        tr = pool.tracker("difficulty_pool", LatestGroupMean)
         k = tr.pool_[idx].astype(np.int64)
         return {
             "difficulty_pool": k.astype(np.float64),  # index in threshold order, −1 before the first group
@@ -308,12 +308,12 @@ class PrimeRL(Strategy):
         }
 
     def inspect(self, pool: PoolState) -> dict:
-        p: PrimeRLParams = self.params  # type: ignore[assignment]
+        p = self.params
         if p.sampler == "buffer":
-            r = np.bincount(pool.trackers["buffer"].retired_[: pool.size], minlength=3)  # type: ignore[attr-defined]
+            r = np.bincount(pool.tracker("buffer", Retirement).retired_[: pool.size], minlength=3)
             return {"difficulty_pools": {"normal": int(r[0]), "easy": int(r[1]), "hard": int(r[2])}}
         names = p.ordered_pools()[0]
-        cls = pool.trackers["difficulty_pool"].pool_[: pool.size].astype(np.int64) + 1  # type: ignore[attr-defined]
+        cls = pool.tracker("difficulty_pool", LatestGroupMean).pool_[: pool.size].astype(np.int64) + 1
         c = np.bincount(cls, minlength=len(names) + 1)
         return {"difficulty_pools": {"unseen": int(c[0]), **{n: int(c[i + 1]) for i, n in enumerate(names)}}}
 
@@ -328,7 +328,7 @@ class OpenInstructParams(StrategyParams):
     )
 
 
-class OpenInstruct(Strategy):
+class OpenInstruct(Strategy[OpenInstructParams]):
     name = "open_instruct"
     description = (
         "Open-Instruct's no_resampling_pass_rate (baseline): shuffled epochs over the prompts (each one once per "
@@ -338,7 +338,7 @@ class OpenInstruct(Strategy):
     Params = OpenInstructParams
 
     def make_pool(self) -> PoolState:
-        p: OpenInstructParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["no_resampling"] = Retirement(p.no_resampling_pass_rate, None, per_report=False)
         return pool
@@ -349,7 +349,7 @@ class OpenInstruct(Strategy):
         Take the B active prompts with the fewest reported groups, ties at random, in random order
         (those of the current pass first)."""
         B = req.batch_size
-        active = pool.trackers["no_resampling"].retired_[: pool.size] == ACTIVE  # type: ignore[attr-defined]
+        active = pool.tracker("no_resampling", Retirement).retired_[: pool.size] == ACTIVE
         groups = pool.groups
         per_level = np.cumsum(np.bincount(groups[active]))  # active prompts with ≤ g groups, for each g
         if per_level.size == 0 or per_level[-1] < B:  # fewer than B active: all of them, then retired ones
@@ -365,10 +365,10 @@ class OpenInstruct(Strategy):
         return PlanDecision(chosen, _equal(req), pool.predicted_pass_rate(chosen))
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        return {"retired": pool.trackers["no_resampling"].retired_[idx].astype(np.float64)}  # type: ignore[attr-defined]
+        return {"retired": pool.tracker("no_resampling", Retirement).retired_[idx].astype(np.float64)}
 
     def inspect(self, pool: PoolState) -> dict:
-        active = pool.trackers["no_resampling"].retired_[: pool.size] == ACTIVE  # type: ignore[attr-defined]
+        active = pool.tracker("no_resampling", Retirement).retired_[: pool.size] == ACTIVE
         n_active = int(active.sum())
         return {
             "no_resampled_prompts": pool.size - n_active,

@@ -162,7 +162,7 @@ class SolveStateHMM:
             rates = np.asarray(emission_rates, np.float64)
             if rates.shape != (N_STATES,) or not np.all((rates > 0) & (rates < 1)):
                 raise ValueError("emission_rates must be three pass rates in (0, 1)")
-            emission_rates = tuple(float(r) for r in rates)
+            emission_rates = (float(rates[0]), float(rates[1]), float(rates[2]))
         self.forgetting = float(forgetting)
         self.emission = emission
         self.pooled = bool(pooled)

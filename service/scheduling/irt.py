@@ -179,7 +179,7 @@ class SkillDifficultyModel:
     def _observe_unique(self, o, d, n, k, step, prior_logit, pred=None) -> None:
         mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
-        w = 1.0  # the group's weight in its domain's statistics: P(normal | this group)
+        w: float | np.ndarray = 1.0  # the group's weight in its domain's statistics: P(normal | this group)
         if self.latent:
             w = self._observe_latent(o, d, n, k, step, mu, var, th, th_var)
         p = _sigmoid(th - mu)

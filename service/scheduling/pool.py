@@ -10,12 +10,14 @@ bit-for-bit the state of a server that never stopped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from .beta import BetaPosterior
 from .util import grow, occurrence_rank  # noqa: F401  (occurrence_rank re-exported)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Tracker(Protocol):
     def grow(self, size: int, n_domains: int) -> None: ...
 
     def observe(self, pool: PoolState, obs: Observations) -> None: ...
+
+    def inspect(self) -> dict: ...
 
 
 # Columns of the per-domain moment sums used by the empirical-Bayes prior.
@@ -196,6 +200,13 @@ class PoolState:
         mean = np.bincount(d[ok], weights=logit[ok], minlength=D) / np.maximum(cnt, 1)
         self._pred_rel[o] = np.where(ok, logit - mean[d], np.nan)
         self._pred_var[o] = np.where(ok, np.asarray(var, np.float64), np.nan)
+
+    def tracker(self, name: str, kind: type[T]) -> T:
+        """The tracker ``name``, checked to be a ``kind`` (a strategy reads its own)."""
+        t = self.trackers[name]
+        if not isinstance(t, kind):  # pragma: no cover - a strategy names its own trackers
+            raise TypeError(f"tracker {name!r} is a {type(t).__name__}, not a {kind.__name__}")
+        return t
 
     def predicted_prior(self, idx: np.ndarray | slice = slice(None)) -> tuple[np.ndarray, np.ndarray] | None:
         """(relative logit, variance) of the predictor's prior at ``idx`` (NaN where none);

@@ -17,15 +17,25 @@ Neyman-style split of the extra budget over the kept prompts (greedy on
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal, TypeVar
 
 import numpy as np
+from pydantic import Field, model_validator
 from scipy import stats as scipy_stats
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import allocation, bandits, selection
+from .base import (  # noqa: F401  (re-exported: the strategies' public names)
+    ALLOCATORS,
+    REGISTRY,
+    Allocator,
+    PlanDecision,
+    PlanRequest,
+    Strategy,
+    StrategyParams,
+    allocate,
+    build,
+    plan_rng,
+)
 from .hmm import SolveStateHMM
 from .irt import SkillDifficultyModel
 from .pool import PoolState
@@ -40,127 +50,8 @@ from .trackers import (
 )
 
 
-@dataclass(frozen=True)
-class PlanRequest:
-    batch_size: int
-    rollout_budget: int
-    min_rollouts: int
-    max_rollouts: int
-    step: int
-
-
-@dataclass(frozen=True)
-class PlanDecision:
-    ordinals: np.ndarray  # int64, distinct, in rank order
-    rollouts: np.ndarray  # int64, same length, sums to the budget
-    predicted_pass_rate: np.ndarray  # float64
-
-
-class StrategyParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def plan_rng(run_id: str, step: int, strategy: str) -> np.random.Generator:
-    """The generator for one plan: seeded by run, step and strategy, nothing global."""
-    digest = hashlib.blake2b(f"{run_id}\x00{step}\x00{strategy}".encode(), digest_size=16).digest()
-    return np.random.default_rng(np.frombuffer(digest, dtype=np.uint32))
-
-
-ALLOCATORS = ("equal", "greedy_informative", "neyman", "inverse_success", "knapsack")
-Allocator = Literal["equal", "greedy_informative", "neyman", "inverse_success", "knapsack"]
-
-
-def allocate(kind: str, p: np.ndarray, req: PlanRequest) -> np.ndarray:
-    """Split the plan's budget over the chosen prompts (in rank order) with ``kind``."""
-    B, budget, lo, hi = p.size, req.rollout_budget, req.min_rollouts, req.max_rollouts
-    if kind == "equal":
-        return allocation.equal(B, budget, lo, hi)
-    fn = {
-        "greedy_informative": allocation.greedy_informative,
-        "neyman": allocation.neyman,
-        "inverse_success": allocation.inverse_success,
-        "knapsack": allocation.knapsack,
-    }[kind]
-    return np.asarray(fn(np.clip(p, 1e-6, 1 - 1e-6), budget, lo, hi), np.int64)
-
-
-class Strategy:
-    name: ClassVar[str]
-    description: ClassVar[str]
-    Params: ClassVar[type[StrategyParams]] = StrategyParams
-
-    def __init__(self, params: StrategyParams) -> None:
-        self.params = params
-
-    def make_pool(self) -> PoolState:
-        """The run's pool state, with the estimators and trackers this strategy reads."""
-        return PoolState()
-
-    def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        raise NotImplementedError
-
-    def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
-        """Predicted pass rates (for plans, calibration and the API)."""
-        return pool.predicted_pass_rate(idx)
-
-    def interval(
-        self, pool: PoolState, idx: np.ndarray, step: int, level: float = 0.9
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Central credible interval of the pass rate under the model ``predict`` uses
-        (here the per-prompt Beta posterior, whose mean ``predict`` is)."""
-        a, b = pool.posterior(idx)
-        q = (1.0 - level) / 2.0
-        return scipy_stats.beta.ppf(q, a, b), scipy_stats.beta.ppf(1.0 - q, a, b)
-
-    def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        """Per-prompt estimates of this strategy's own model, for the API (arrays over idx)."""
-        return {}
-
-    def inspect(self, pool: PoolState) -> dict:
-        """The strategy's run-level state, for the API (bandit weights …): the merged
-        ``inspect()`` of the pool's trackers; ``{}`` when it has none."""
-        out: dict = {}
-        for t in pool.trackers.values():
-            out.update(t.inspect())
-        return out
-
-    def extend(
-        self,
-        pool: PoolState,
-        ordinals: np.ndarray,
-        pilot_n: np.ndarray,
-        pilot_k: np.ndarray,
-        extra: int,
-        hi: np.ndarray,
-    ) -> np.ndarray:
-        """Extra rollouts per plan prompt after its pilot (Pilot-Commit): prompts whose
-        pilot pass rate is in [0.125, 0.75] are kept, the rest (too easy, unsolved,
-        not reported) get none. The extra budget goes to the kept ones to minimise the
-        variance of the gradient estimate Σ σᵢ²/nᵢ, σᵢ² = pᵢ(1−pᵢ) at ``predict`` (which
-        includes the pilot) and nᵢ = pilot + extra: greedy on the marginal gains
-        σᵢ²/(n(n+1)), which decrease in n, so greedy is optimal (Neyman allocation given
-        the pilot counts). Each prompt stays within its remaining room ``hi``.
-        Returns an int64 array summing to min(extra, total room of the kept)."""
-        out = np.zeros(ordinals.size, np.int64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = np.where(pilot_n > 0, pilot_k / np.maximum(pilot_n, 1), np.nan)
-        keep = np.flatnonzero((rate >= 0.125) & (rate <= 0.75) & (hi > 0))
-        if keep.size == 0 or extra <= 0:
-            return out
-        room = hi[keep]
-        budget = int(min(extra, room.sum()))
-        p = np.clip(self.predict(pool, ordinals[keep], pool.step + 1), 1e-6, 1 - 1e-6)
-        cap = int(room.max())
-        n = pilot_n[keep][:, None] + np.arange(cap)[None, :]
-        gains = (p * (1 - p))[:, None] / np.maximum(n * (n + 1), 1)
-        gains = np.where(np.arange(cap)[None, :] < room[:, None], gains, -np.inf)
-        flat = np.argsort(-gains, axis=None, kind="stable")[:budget]
-        np.add.at(out, keep[flat // cap], 1)
-        return out
-
-
 # -- uniform ------------------------------------------------------------------------
-class Uniform(Strategy):
+class Uniform(Strategy[StrategyParams]):
     name = "uniform"
     description = "Plain random sampling without replacement; equal rollouts per prompt."
 
@@ -195,7 +86,10 @@ class BetaParams(StrategyParams):
     )
 
 
-class BetaThompson(Strategy):
+BP = TypeVar("BP", bound=BetaParams)
+
+
+class BetaThompson(Strategy[BP]):
     name = "beta"
     description = (
         "MoPPS: per-prompt Beta posterior with forgetting, Thompson-sampled over a random candidate "
@@ -205,14 +99,14 @@ class BetaThompson(Strategy):
     Params = BetaParams
 
     def make_pool(self) -> PoolState:
-        p: BetaParams = self.params  # type: ignore[assignment]
+        p = self.params
         return PoolState(
             forgetting=p.forgetting, prior_strength=p.prior_strength, hierarchical=p.hierarchical,
             use_predictor=p.predictor,
         )
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: BetaParams = self.params  # type: ignore[assignment]
+        p = self.params
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         a, b = pool.posterior(cand)
@@ -280,7 +174,10 @@ class FrontierParams(StrategyParams):
     )
 
 
-class Frontier(Strategy):
+FP = TypeVar("FP", bound=FrontierParams)
+
+
+class Frontier(Strategy[FP]):
     name = "frontier"
     description = (
         "Rollplan's item-response model: pass rate = σ(skill of the prompt's domain − prompt difficulty); "
@@ -291,7 +188,7 @@ class Frontier(Strategy):
     Params = FrontierParams
 
     def make_pool(self) -> PoolState:
-        p: FrontierParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState(use_predictor=p.predictor)
         model = SkillDifficultyModel(
             skill_drift=p.skill_drift,
@@ -305,7 +202,7 @@ class Frontier(Strategy):
         return pool
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
-        return pool.trackers["skill"].predict(pool, idx, max(step, pool.step))  # type: ignore[attr-defined]
+        return pool.tracker("skill", SkillTracker).predict(pool, idx, max(step, pool.step))
 
     def interval(
         self, pool: PoolState, idx: np.ndarray, step: int, level: float = 0.9
@@ -313,7 +210,7 @@ class Frontier(Strategy):
         """Quantiles of the pass rate's posterior under the item-response model: σ of a
         Gaussian logit, mixed with point masses at 0 (stuck) and 1 (solved) when the
         latent classes are on."""
-        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
+        tracker = pool.tracker("skill", SkillTracker)
         step = max(step, pool.step)
         x, v = tracker.logit(pool, idx, step)
         if tracker.model.latent:
@@ -332,7 +229,7 @@ class Frontier(Strategy):
         return quantile(q), quantile(1.0 - q)
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
+        tracker = pool.tracker("skill", SkillTracker)
         step = max(step, pool.step)
         x, v = tracker.logit(pool, idx, step)
         out = {"skill_minus_difficulty": x, "skill_minus_difficulty_sd": np.sqrt(v)}
@@ -341,8 +238,8 @@ class Frontier(Strategy):
         return out
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: FrontierParams = self.params  # type: ignore[assignment]
-        tracker: SkillTracker = pool.trackers["skill"]  # type: ignore[assignment]
+        p = self.params
+        tracker = pool.tracker("skill", SkillTracker)
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
@@ -372,7 +269,7 @@ class DPSParams(StrategyParams):
     candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6, description="Candidate pool (DPS: 8–32× the batch).")
 
 
-class DPS(Strategy):
+class DPS(Strategy[DPSParams]):
     name = "dps"
     description = (
         "Dynamics-Predictive Sampling: a 3-state HMM (unsolved / partially solved / solved) per prompt with "
@@ -382,18 +279,18 @@ class DPS(Strategy):
     Params = DPSParams
 
     def make_pool(self) -> PoolState:
-        p: DPSParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["hmm"] = HMMTracker(SolveStateHMM(p.forgetting, p.emission, p.pooled))
         return pool
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        b = pool.trackers["hmm"].hmm.beliefs(idx, max(step, pool.step + 1))  # type: ignore[attr-defined]
+        b = pool.tracker("hmm", HMMTracker).hmm.beliefs(idx, max(step, pool.step + 1))
         return {"p_unsolved": b[:, 0], "p_partially_solved": b[:, 1], "p_solved": b[:, 2]}
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: DPSParams = self.params  # type: ignore[assignment]
-        hmm: SolveStateHMM = pool.trackers["hmm"].hmm  # type: ignore[attr-defined]
+        p = self.params
+        hmm = pool.tracker("hmm", HMMTracker).hmm
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         belief = hmm.beliefs(cand, max(req.step, pool.step + 1))
@@ -449,11 +346,14 @@ class ArmParams(StrategyParams):
     candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6, description="Candidate pool as a multiple of the batch.")
 
 
-class _ArmStrategy(Strategy):
+AP = TypeVar("AP", bound=ArmParams)
+
+
+class _ArmStrategy(Strategy[AP]):
     """Split the batch across domains by a bandit's weights, then uniform within."""
 
     def weights(self, pool: PoolState) -> np.ndarray:
-        return pool.trackers["arms"].weights(pool.n_domains)  # type: ignore[attr-defined]
+        return pool.tracker("arms", ArmBandit).weights(pool.n_domains)
 
     def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
         return pool.domain[idx].astype(np.int64)
@@ -474,7 +374,7 @@ class DUMPParams(ArmParams):
     temperature: float = Field(0.1, gt=0.0, le=100.0, description="Softmax temperature over UCB scores (DUMP: 0.1).")
 
 
-class DUMPStrategy(_ArmStrategy):
+class DUMPStrategy(_ArmStrategy[DUMPParams]):
     name = "dump"
     description = (
         "DUMP: UCB bandit over domains on the mean |advantage| of each domain's last rollouts; the batch is "
@@ -483,7 +383,7 @@ class DUMPStrategy(_ArmStrategy):
     Params = DUMPParams
 
     def make_pool(self) -> PoolState:
-        p: DUMPParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["arms"] = ArmBandit(bandits.DUMP(1, window=p.window, temperature=p.temperature))
         return pool
@@ -495,7 +395,7 @@ class SECParams(ArmParams):
     decay_unsampled: bool = Field(False, description="Decay arms not sampled toward 0 (the published code does).")
 
 
-class SECStrategy(_ArmStrategy):
+class SECStrategy(_ArmStrategy[SECParams]):
     name = "sec"
     description = (
         "SEC: TD(0) value per domain from the mean |advantage| of its rollouts, Boltzmann sampling over "
@@ -504,7 +404,7 @@ class SECStrategy(_ArmStrategy):
     Params = SECParams
 
     def make_pool(self) -> PoolState:
-        p: SECParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["arms"] = ArmBandit(
             bandits.SEC(1, alpha=p.alpha, temperature=p.temperature, decay_unsampled=p.decay_unsampled)
@@ -527,7 +427,7 @@ class GDROParams(ArmParams):
         return self
 
 
-class GDROStrategy(_ArmStrategy):
+class GDROStrategy(_ArmStrategy[GDROParams]):
     name = "gdro"
     description = (
         "Prompt-GDRO: prompts binned by running pass rate (with hysteresis); bin weights "
@@ -537,7 +437,7 @@ class GDROStrategy(_ArmStrategy):
     Params = GDROParams
 
     def make_pool(self) -> PoolState:
-        p: GDROParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["gdro"] = GDROTracker(
             bandits.PromptGDRO(p.edges, hysteresis=p.hysteresis, beta=p.beta, eta=p.eta, gamma=p.gamma)
@@ -545,10 +445,10 @@ class GDROStrategy(_ArmStrategy):
         return pool
 
     def weights(self, pool: PoolState) -> np.ndarray:
-        return pool.trackers["gdro"].gdro.weights()  # type: ignore[attr-defined]
+        return pool.tracker("gdro", GDROTracker).gdro.weights()
 
     def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
-        return pool.trackers["gdro"].bins(pool, idx)  # type: ignore[attr-defined]
+        return pool.tracker("gdro", GDROTracker).bins(pool, idx)
 
 
 class E2HParams(ArmParams):
@@ -557,7 +457,7 @@ class E2HParams(ArmParams):
     schedule: Literal["cosine", "gaussian"] = Field("cosine", description="E2H schedule.")
 
 
-class E2HStrategy(_ArmStrategy):
+class E2HStrategy(_ArmStrategy[E2HParams]):
     name = "e2h"
     description = (
         "E2H: easy-to-hard schedule over K difficulty levels, cosine or gaussian with fading, as a function of "
@@ -575,11 +475,11 @@ class E2HStrategy(_ArmStrategy):
         return super().plan(pool, req, rng)
 
     def weights(self, pool: PoolState) -> np.ndarray:
-        p: E2HParams = self.params  # type: ignore[assignment]
+        p = self.params
         return selection.e2h_weights(self._step, p.total_steps, p.levels, schedule=p.schedule)
 
     def groups(self, pool: PoolState, idx: np.ndarray) -> np.ndarray:
-        p: E2HParams = self.params  # type: ignore[assignment]
+        p = self.params
         return selection.difficulty_levels(pool.predicted_pass_rate(idx), p.levels).astype(np.int64)
 
 
@@ -592,7 +492,7 @@ class AdaRFTParams(StrategyParams):
     candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6)
 
 
-class AdaRFT(Strategy):
+class AdaRFT(Strategy[AdaRFTParams]):
     name = "adarft"
     description = (
         "AdaRFT: a target difficulty (0–100) that follows the batch reward, T ← clip(T + η·tanh(α(R̄ − β))); "
@@ -601,16 +501,16 @@ class AdaRFT(Strategy):
     Params = AdaRFTParams
 
     def make_pool(self) -> PoolState:
-        p: AdaRFTParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState(hierarchical=True)
         pool.trackers["adarft"] = AdaRFTTracker(p.start, p.eta, p.alpha, p.beta)
         return pool
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: AdaRFTParams = self.params  # type: ignore[assignment]
+        p = self.params
         cand = selection.candidate_pool(pool.size, req.batch_size, p.candidate_multiplier, rng)
         pred = pool.predicted_pass_rate(cand)
-        T = pool.trackers["adarft"].T  # type: ignore[attr-defined]
+        T = pool.tracker("adarft", AdaRFTTracker).T
         top = selection.top_k(-np.abs(100.0 * (1.0 - pred) - T), req.batch_size, rng.permutation(cand.size))
         rollouts = allocation.equal(req.batch_size, req.rollout_budget, req.min_rollouts, req.max_rollouts)
         return PlanDecision(cand[top], rollouts, pred[top])
@@ -623,7 +523,7 @@ class GRESOParams(StrategyParams):
     candidate_multiplier: float = Field(4.0, ge=1.0, le=1e6)
 
 
-class GRESO(Strategy):
+class GRESO(Strategy[GRESOParams]):
     name = "greso"
     description = (
         "GRESO: skip prompts predicted to give zero-variance groups — skip probability 1 − max(p_base^z, 0.01) "
@@ -633,20 +533,20 @@ class GRESO(Strategy):
     Params = GRESOParams
 
     def make_pool(self) -> PoolState:
-        p: GRESOParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = PoolState()
         pool.trackers["greso"] = GRESOTracker(p.p_base, p.target_zero_variance)
         return pool
 
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        return {"skip_probability": pool.trackers["greso"].skip_prob(idx)}  # type: ignore[attr-defined]
+        return {"skip_probability": pool.tracker("greso", GRESOTracker).skip_prob(idx)}
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: GRESOParams = self.params  # type: ignore[assignment]
+        p = self.params
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         cand = cand[rng.permutation(cand.size)]
-        skip = rng.random(cand.size) < pool.trackers["greso"].skip_prob(cand)  # type: ignore[attr-defined]
+        skip = rng.random(cand.size) < pool.tracker("greso", GRESOTracker).skip_prob(cand)
         # Kept candidates in their random order first; skipped ones only if needed.
         order = np.argsort(skip, kind="stable")[:B]
         chosen = cand[order]
@@ -662,7 +562,7 @@ class ZPPOParams(BetaParams):
     hierarchical: bool = Field(True, description="Empirical-Bayes domain prior for the fresh part.")
 
 
-class ZPPO(BetaThompson):
+class ZPPO(BetaThompson[ZPPOParams]):
     name = "zppo"
     description = (
         "ZPPO-style replay: prompts whose groups scored below a mean accuracy of `threshold` (0.5) stay in a "
@@ -672,14 +572,14 @@ class ZPPO(BetaThompson):
     Params = ZPPOParams
 
     def make_pool(self) -> PoolState:
-        p: ZPPOParams = self.params  # type: ignore[assignment]
+        p = self.params
         pool = super().make_pool()
         pool.trackers["replay"] = ReplayTracker(selection.ReplayBuffer(p.capacity, p.threshold))
         return pool
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: ZPPOParams = self.params  # type: ignore[assignment]
-        members = pool.trackers["replay"].buffer.members()  # type: ignore[attr-defined]
+        p = self.params
+        members = pool.tracker("replay", ReplayTracker).buffer.members()
         k = min(members.size, int(round(p.replay_fraction * req.batch_size)))
         replay = rng.choice(members, size=k, replace=False) if k else np.zeros(0, np.int64)
         # Selection only (its allocation is discarded): the request's rollouts per prompt and bounds.
@@ -699,7 +599,7 @@ class PLRParams(StrategyParams):
     candidate_multiplier: float = Field(16.0, ge=1.0, le=1e6)
 
 
-class PLR(Strategy):
+class PLR(Strategy[PLRParams]):
     name = "plr"
     description = (
         "Prioritized Level Replay: rank-prioritised sampling by learnability p(1−p) from the hierarchical Beta "
@@ -711,7 +611,7 @@ class PLR(Strategy):
         return PoolState(hierarchical=True)
 
     def plan(self, pool: PoolState, req: PlanRequest, rng: np.random.Generator) -> PlanDecision:
-        p: PLRParams = self.params  # type: ignore[assignment]
+        p = self.params
         cand = selection.candidate_pool(pool.size, req.batch_size, p.candidate_multiplier, rng)
         mean = pool.predicted_pass_rate(cand)
         stale = np.where(pool.last_step[cand] >= 0, max(req.step, pool.step) - pool.last_step[cand], req.step + 1)
@@ -722,7 +622,7 @@ class PLR(Strategy):
 
 
 # -- budget allocation strategies -----------------------------------------------------
-class Knapsack(BetaThompson):
+class Knapsack(BetaThompson[BetaParams]):
     name = "knapsack"
     description = (
         "Knapsack-RL: the Beta/Thompson selection of `beta`, then the budget split to maximise "
@@ -734,7 +634,7 @@ class Knapsack(BetaThompson):
         hierarchical: bool = Field(True, description="Empirical-Bayes domain prior.")
 
 
-class PilotCommit(BetaThompson):
+class PilotCommit(BetaThompson[BetaParams]):
     name = "pilot_commit"
     description = (
         "Pilot-Commit: the plan is the pilot (its budget split equally over a batch that should be ~3× the "
@@ -761,7 +661,7 @@ class DefaultParams(FrontierParams):
                      "to the posterior mode (default on).")
 
 
-class Default(Frontier):
+class Default(Frontier[DefaultParams]):
     name = "default"
     description = (
         "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
@@ -772,7 +672,7 @@ class Default(Frontier):
     Params = DefaultParams
 
 
-REGISTRY: dict[str, type[Strategy]] = {
+REGISTRY.update({
     s.name: s
     for s in (
         Default,
@@ -791,16 +691,9 @@ REGISTRY: dict[str, type[Strategy]] = {
         ZPPO,
         PLR,
     )
-}
+})
 
 
-def build(name: str, params: dict | None) -> Strategy:
-    """Build a strategy; raises KeyError for an unknown name, pydantic's
-    ValidationError for bad parameters."""
-    cls = REGISTRY[name]
-    return cls(cls.Params.model_validate(params or {}))
-
-
-# The baselines (prime_rl, open_instruct) subclass Strategy and add themselves to REGISTRY;
-# imported last so that either module can be imported first.
+# The baselines (prime_rl, open_instruct) subclass Strategy and add themselves to REGISTRY
+# (after the built-ins, so the registry lists those first).
 from . import baselines as _baselines  # noqa: E402,F401

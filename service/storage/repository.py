@@ -104,7 +104,7 @@ def take_seq(s: Session, run: Run) -> int:
 
 
 def add_strategy_change(s: Session, run: Run, step: int, spec: dict[str, Any]) -> None:
-    n = s.scalar(select(func.count()).select_from(StrategyChange).where(StrategyChange.run_pk == run.pk))
+    n = s.scalar(select(func.count()).select_from(StrategyChange).where(StrategyChange.run_pk == run.pk)) or 0
     seq = take_seq(s, run)
     s.add(StrategyChange(run_pk=run.pk, seq=n + 1, step=step, strategy=spec, log_seq=seq))
 
@@ -347,7 +347,7 @@ def insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals
 
 
 def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:
-    return [tuple(r) for r in s.execute(
+    return [(int(o), int(r), float(p)) for o, r, p in s.execute(
         select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
         .where(PlanItem.plan_id == plan_id, PlanItem.phase == phase)
         .order_by(PlanItem.position)
@@ -360,7 +360,7 @@ def extension(s: Session, plan_id: str) -> PlanExtension | None:
 
 def pilot_sums(s: Session, run_pk: int, plan_id: str) -> list[tuple[int, int, float]]:
     """(ordinal, rollouts, reward sum) of the groups reported with this plan_id."""
-    return [tuple(r) for r in s.execute(
+    return [(int(o), int(n), float(r)) for o, n, r in s.execute(
         select(Result.prompt_ordinal, func.sum(Result.n), func.sum(Result.reward_sum))
         .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
         .where(Report.run_pk == run_pk, Report.plan_id == plan_id)
