@@ -86,7 +86,7 @@ class _Bound(Generic[A, T]):
         def method(*args: Any, **kwargs: Any) -> Any:
             return drive(factory(client, *args, **kwargs))
 
-        method.__signature__ = self.signature  # type: ignore[attr-defined]
+        method.__signature__ = self.signature  # type: ignore[attr-defined]  # read by inspect; typeshed lacks it
         client.__dict__[self.name] = method  # bound once per client
         return method
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api import inspect, keys, predictor, v1
 from .api.deps import add_raw_body_schemas
@@ -62,7 +63,7 @@ class BodyLimit:
                     return await self._refuse(scope, receive, send)
         seen = 0
 
-        async def limited() -> dict:
+        async def limited() -> Message:
             nonlocal seen
             msg = await receive()
             if msg["type"] == "http.request":
@@ -151,7 +152,7 @@ def limits_description(settings: Settings) -> str:
     )
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None) -> ASGIApp:
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -182,12 +183,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(keys.router)
     base_openapi = app.openapi
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = add_raw_body_schemas(base_openapi())
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented schema override
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
@@ -240,4 +241,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         set ``PROMETHEUS_MULTIPROC_DIR``)."""
         return PlainTextResponse(prom.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    return BodyLimit(app, settings.max_body_bytes)  # type: ignore[return-value]
+    return BodyLimit(app, settings.max_body_bytes)

@@ -26,7 +26,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Literal, cast
 
 from sqlalchemy import ColumnElement, false, or_, select
 from sqlalchemy.orm import Session
@@ -87,7 +87,7 @@ class Principal:
         """A WHERE clause on ``Run.id`` limiting a listing to the runs this key may see."""
         if not self.bound:
             return None
-        clauses = []
+        clauses: list[ColumnElement[bool]] = []
         if self.run_ids:
             clauses.append(Run.id.in_(sorted(self.run_ids)))
         if self.runs_prefix is not None:
@@ -100,7 +100,8 @@ NO_AUTH = Principal(scope="admin")
 
 def _principal(row: ApiKey) -> Principal:
     return Principal(
-        scope=row.scope,  # type: ignore[arg-type]
+        # Stored only by create_key, after validate_binding checked it is one of SCOPES.
+        scope=cast(Scope, row.scope),
         key_id=row.key_id,
         run_ids=frozenset(row.run_ids) if row.run_ids is not None else None,
         runs_prefix=row.runs_prefix,

@@ -513,7 +513,12 @@ class RollplanScheduler:
             self._queue.join()
             return
         done = threading.Event()
-        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+
+        def join_then_set() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=join_then_set, daemon=True).start()
         done.wait(timeout)
 
     def close(self, timeout: float | None = 60.0) -> int:

@@ -134,15 +134,15 @@ def scheduler_from_env(dataset: Any, n_samples: int) -> RollplanScheduler:
     return sched
 
 
-def rollplan_trainer_class():
+def rollplan_trainer_class() -> Any:
     """``@ray.remote`` subclass of OpenRLHF's ``PPOTrainer`` actor whose prompts come from
     Rollplan (imports OpenRLHF's trainer, which needs flash-attn and vLLM)."""
     import ray
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
-    base = PPOTrainer.__ray_actor_class__
+    class RollplanPPOTrainer(PPOTrainer.__ray_actor_class__):  # the class under OpenRLHF's @ray.remote
+        prompts_dataloader: Any  # set by PPOTrainer (a StatefulDataLoader), replaced by our loader below
 
-    class RollplanPPOTrainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             dataset = self.prompts_dataloader.dataset

@@ -74,6 +74,8 @@ def _load_function(spec: str) -> Callable[..., Any]:
         raise ValueError(f"ROLLPLAN_SCORE_FUNC must be 'module:function' or '/path/file.py:function', not {spec!r}")
     if target.endswith(".py"):
         mspec = importlib.util.spec_from_file_location(f"rollplan_score_{abs(hash(target))}", target)
+        if mspec is None or mspec.loader is None:
+            raise ImportError(f"ROLLPLAN_SCORE_FUNC: cannot load {target!r} as a Python file")
         module = importlib.util.module_from_spec(mspec)
         mspec.loader.exec_module(module)
     else:
@@ -118,7 +120,7 @@ class _Reporter:
         if self.scheduler is None:
             return out
         try:
-            values = out.get("scores") if isinstance(out, dict) else None
+            values: Any = out.get("scores") if isinstance(out, dict) else None
             if values is None:
                 values = out.get("rewards") if isinstance(out, dict) else out
             flat = values.tolist() if hasattr(values, "tolist") else list(values)
@@ -152,6 +154,8 @@ class _Reporter:
             step = self.groups_done // self.groups_per_step
         self.groups_done += 1
         chunk = uuid.uuid5(uuid.NAMESPACE_URL, pid).hex[:12]
+        if self.scheduler is None:  # groups are only recorded while reporting (see __call__, flush)
+            raise RuntimeError("Rollplan: no scheduler to report to (ROLLPLAN_RUN_ID is not set)")
         self.scheduler.report(step, [(pid, scores)], chunk=chunk)
 
     def flush(self, timeout: float | None = 60) -> int:
@@ -184,4 +188,5 @@ def rollplan_flush(timeout: float | None = 60) -> int:
     return _reporter().flush(timeout)
 
 
-reward_func.rollplan_flush = rollplan_flush  # reachable from the function OpenRLHF holds
+# Reachable from the function OpenRLHF holds (a function attribute, which mypy cannot declare on a def).
+vars(reward_func)["rollplan_flush"] = rollplan_flush

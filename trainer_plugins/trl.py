@@ -63,6 +63,7 @@ logger = logging.getLogger("rollplan.plugins.trl")
 try:  # the base classes exist only with torch installed; this module is imported lazily
     from torch.utils.data import Dataset as _TorchDataset
     from torch.utils.data import Sampler as _TorchSampler
+    from trl import GRPOConfig as _GRPOConfig
     from trl import GRPOTrainer as _GRPOTrainer
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("rollplan.plugins.trl needs TRL: pip install 'rollplan[trl]'") from _exc
@@ -154,6 +155,11 @@ class RollplanGRPOTrainer(_GRPOTrainer):
       arguments (``spool_dir``, ``max_retries``, ``metadata``, ``prompts`` ...).
     """
 
+    # GRPOTrainer keeps the GRPOConfig it is given (or makes one), whose __post_init__
+    # rejects a missing num_generations (it takes generation_batch_size % num_generations).
+    args: _GRPOConfig
+    num_generations: int
+
     def __init__(
         self,
         *args: Any,
@@ -213,12 +219,15 @@ class RollplanGRPOTrainer(_GRPOTrainer):
 
     def _get_train_sampler(self, dataset: Any = None) -> RollplanSampler:
         dataset = self.train_dataset if dataset is None else dataset
+        # GRPOConfig.__post_init__ sets both (from each other or from the batch settings).
+        generation_batch_size, steps_per_generation = self.args.generation_batch_size, self.args.steps_per_generation
+        assert generation_batch_size is not None and steps_per_generation is not None
         self._rollplan_sampler = RollplanSampler(
             self.rollplan,
             num_samples=len(dataset),
             num_generations=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            batch_size=generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * steps_per_generation,
             rollout_budget=self.rollplan_rollout_budget,
         )
         return self._rollplan_sampler

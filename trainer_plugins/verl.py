@@ -137,6 +137,9 @@ class RollplanRLHFDataset(_RLHFDataset):
         for _ in range(len(indices)):
             step, pos = self._cursor
             if self._current is None or self._current.step != step:
+                if self.rollplan is None:  # a copy unpickled without its scheduler (see __setstate__)
+                    raise RuntimeError("RollplanRLHFDataset: this copy has no Rollplan scheduler; "
+                                       "use data.dataloader_num_workers=0")
                 self._current = self.rollplan.plan(step, self.rollplan_batch_size, self.rollplan_budget)
             plan = self._current
             row = self[plan.indices[pos]]

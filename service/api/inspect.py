@@ -30,7 +30,7 @@ from .v1 import RESPONSES, Cursor, RunIdPath
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
 
 StepLimit = Annotated[int, Query(ge=1, le=10_000, description="Steps per page (at most 10000).")]
-StrategyState = Field(
+StrategyState: dict[str, Any] = Field(
     default_factory=dict,
     description="Extras from the run's strategy (its `inspect(pool)`), e.g. HMM state shares "
     "or bandit domain weights; empty for strategies without the hook.",
@@ -252,7 +252,7 @@ def prompt_history(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session
     return out
 
 
-EXPORT_DOC = {
+EXPORT_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The reward log, one prompt group per line, in commit order. Columns: "
         + ", ".join(insp.EXPORT_COLUMNS)
@@ -280,6 +280,7 @@ def export(
         with sessions() as s:
             yield from s.execute(q)
 
+    body: Iterator[str]
     if format == "ndjson":
         body = (insp.ndjson_line(insp.export_record(r)) for r in rows())
         media = "application/x-ndjson"

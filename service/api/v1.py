@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 from ..errors import Invalid, TooLarge
@@ -13,9 +13,9 @@ from . import schemas
 from .cursors import _decode_cursor, _encode_cursor, decode_sort_cursor, encode_sort_cursor
 from .deps import AuthDep, EngineDep, SessionDep, SettingsDep, by_method, json_body, json_body_openapi
 
-PROBLEM = {"content": {"application/problem+json": {}}}
+PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
 # What any /v1 route may answer before it runs: auth, and a body that is not JSON at all.
-AUTH_RESPONSES = {
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "The body could not be read as JSON", **PROBLEM},
     401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
     403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
@@ -35,7 +35,7 @@ PromptIdPath = Annotated[
 _RUN_ID_RE = re.compile(schemas.RUN_ID_PATTERN)
 _ORDINAL_RE = re.compile(r"^[0-9]{1,10}$")
 
-RESPONSES = {
+RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     404: {"description": "Unknown run or prompt", **PROBLEM},
     409: {"description": "Conflicts with the stored state", **PROBLEM},

@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import threading
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -172,14 +173,20 @@ class Predictor:
         n = len(feats)
         step = np.broadcast_to(np.asarray(step, np.float64), (n,))
         out = np.empty(n, np.float64)
-        use_emb = self.net.embed_dim and embedding is not None and embedding.shape[1] == self.net.embed_dim
+        # The embedding rows and their mask when the net uses them (both or neither).
+        emb_rows: np.ndarray | None = None
+        has_rows: np.ndarray | None = None
+        if self.net.embed_dim and embedding is not None and embedding.shape[1] == self.net.embed_dim:
+            if has_embedding is None:
+                raise ValueError("predict_logit: has_embedding must be given with embedding")
+            emb_rows, has_rows = embedding, has_embedding
         for a in range(0, n, chunk):
             b = min(n, a + chunk)
             idx = np.arange(a, b)
             f = feats.rows(idx)
             dom = torch.from_numpy(np.asarray(rows[a:b], np.int64))
-            emb = torch.from_numpy(np.ascontiguousarray(embedding[a:b], np.float32)) if use_emb else None
-            has = torch.from_numpy(np.asarray(has_embedding[a:b], np.float32)) if use_emb else None
+            emb = torch.from_numpy(np.ascontiguousarray(emb_rows[a:b], np.float32)) if emb_rows is not None else None
+            has = torch.from_numpy(np.asarray(has_rows[a:b], np.float32)) if has_rows is not None else None
             z = self.net.prompt_logit(*_bags(f), dom, emb, has)
             tau = torch.from_numpy(step[a:b] / max(self.max_step, 1)).float()
             out[a:b] = (z + self.net.skill_at(dom, tau)).double().numpy()
@@ -228,6 +235,7 @@ def fit(data: TrainData, config: TrainConfig | None = None) -> tuple[Predictor, 
     baseline = {"by_domain": np.where(nn_ > 0, kk / np.maximum(nn_, 1e-9), p_all).tolist(), "all": p_all}
 
     E = 0 if data.embedding is None or not data.has_embedding.any() else int(data.embedding.shape[1])
+    embedding = data.embedding if E else None  # the embedding matrix when the net uses one
     with _TORCH_LOCK:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -253,8 +261,8 @@ def fit(data: TrainData, config: TrainConfig | None = None) -> tuple[Predictor, 
                 which = np.repeat(np.arange(sel.size), c)
                 o = prompts[sel]
                 dom = torch.from_numpy(data.domain[o].astype(np.int64))
-                emb = torch.from_numpy(data.embedding[o].astype(np.float32)) if E else None
-                has = torch.from_numpy(data.has_embedding[o].astype(np.float32)) if E else None
+                emb = torch.from_numpy(embedding[o].astype(np.float32)) if embedding is not None else None
+                has = torch.from_numpy(data.has_embedding[o].astype(np.float32)) if embedding is not None else None
                 zp = net.prompt_logit(*_bags(data.feats.rows(o)), dom, emb, has)
                 gw = torch.from_numpy(which)
                 z = zp[gw] + net.skill_at(dom[gw], tau_all[gi])
@@ -268,7 +276,7 @@ def fit(data: TrainData, config: TrainConfig | None = None) -> tuple[Predictor, 
                 opt.step()
             net.eval()
             pred = Predictor(net, data.domains, max_step, 1.0, cfg, baseline)
-            metrics = {"train_groups": int(tr.sum()), "train_prompts": int(P), "max_step": max_step}
+            metrics: dict[str, Any] = {"train_groups": int(tr.sum()), "train_prompts": int(P), "max_step": max_step}
             if hold.any():
                 h = np.flatnonzero(hold)
                 ev = evaluate(pred, data, h, data.domain[data.g_ordinal[h]])

@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..storage.db import write_session
@@ -201,7 +201,8 @@ class PredictorManager:
                 .order_by(Prompt.ordinal)
             ).all()
             train = run.n_results - max(st.trained_groups, st.attempted_groups) >= self.retrain_groups
-            results = []
+            # (report_seq, prompt_ordinal, n, reward_sum, step) per group
+            results: Sequence[Row[int, int, int, float, int]] = []
             if train:
                 results = s.execute(
                     select(Result.report_seq, Result.prompt_ordinal, Result.n, Result.reward_sum, Result.step)
@@ -258,7 +259,10 @@ class PredictorManager:
     def _apply(st: RunPredictor) -> None:
         """Hand the predictions to the run's state as an event it folds at its next seal
         (this thread never touches the state's arrays)."""
-        ctx, (z, v) = st.ctx, st.pred
+        ctx, pred = st.ctx, st.pred
+        if pred is None:  # both callers set or check st.pred first
+            raise RuntimeError("_apply: the run has no predictions to hand over")
+        z, v = pred
         if ctx is None:
             return
         n = z.size

@@ -12,11 +12,15 @@ import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..config import Settings
+
+if TYPE_CHECKING:
+    import psycopg
 
 _SQLITE_BEGIN = "sqlite_begin"
 
@@ -87,7 +91,7 @@ def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Sessi
             # handler polls with sleeps, which under many concurrent writers gave
             # multi-second tail latencies. BEGIN IMMEDIATE still guards against
             # other processes.
-            stack.enter_context(_sqlite_writer_lock(str(bind.url)))
+            stack.enter_context(_sqlite_writer_lock(str(bind.engine.url)))
             session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
         else:
             session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
@@ -115,7 +119,11 @@ def _copy_text(value) -> str:
 
 def copy_text(session: Session, table: str, columns: tuple[str, ...], data: str) -> None:
     """PostgreSQL ``COPY ... FROM STDIN`` of rows already in COPY text format."""
-    dbapi = session.connection().connection.dbapi_connection
+    raw = session.connection().connection.dbapi_connection
+    if raw is None:  # only after the pooled connection is closed or invalidated
+        raise RuntimeError("copy_text: the session's DBAPI connection is closed")
+    # Called only on PostgreSQL, whose driver here is psycopg 3 (COPY needs its cursor.copy).
+    dbapi = cast("psycopg.Connection[Any]", raw)
     with dbapi.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as cp:
         cp.write(data)
 
