@@ -7,12 +7,14 @@ import sys
 
 try:
     import typer
+
+    HAVE_TYPER = True
 except ImportError:  # the light client install has no CLI
-    typer = None
+    HAVE_TYPER = False
 
 
 def main() -> None:
-    if typer is None:
+    if not HAVE_TYPER:
         sys.exit("rollplan: the server is not installed; pip install 'rollplan[server]'")
     _app()()
 
@@ -85,7 +87,7 @@ def _keys_app():
         from .storage import migrate
         from .storage.db import make_engine, make_sessionmaker
 
-        settings = Settings(**({"database_url": database_url} if database_url else {}))
+        settings = Settings(database_url=database_url) if database_url else Settings()
         if settings.auto_migrate:
             migrate.upgrade(settings.database_url)
         engine = make_engine(settings)
@@ -168,6 +170,7 @@ BENCHMARKS = {
     "core": "rollplan.benchmarks.core",
     "load": "rollplan.benchmarks.load",
     "suite": "rollplan.benchmarks.suite",
+    "fold": "rollplan.benchmarks.fold",
 }
 
 
