@@ -19,5 +19,16 @@ from .client import (  # noqa: E402 - __version__ first: the client reads it
     Run,
 )
 
-__all__ = ["AsyncClient", "Client", "Plan", "PlanItem", "PromptsAck", "ReportAck", "RetryPolicy",
-           "RollplanError", "RollplanUnavailable", "Run", "__version__"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Plan",
+    "PlanItem",
+    "PromptsAck",
+    "ReportAck",
+    "RetryPolicy",
+    "RollplanError",
+    "RollplanUnavailable",
+    "Run",
+    "__version__",
+]

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -70,10 +70,10 @@ class Done(Generic[T]):
     value: T
 
 
-Effect = Union[Call, Sleep]
-Outcome = Union[httpx.Response, httpx.TransportError]
+Effect = Call | Sleep
+Outcome = httpx.Response | httpx.TransportError
 Op = Generator[Call, Reply, T]
-Job = Generator[Effect, Union[Outcome, None], T]
+Job = Generator[Effect, Outcome | None, T]
 
 
 # -- responses --------------------------------------------------------------------
@@ -354,7 +354,7 @@ def plan(run_id: str, batch_size: int, rollout_budget: int | None, step: int | N
     return Plan.from_json(reply.body, created=reply.status == 201)
 
 
-ResultsArg = Union[Iterable[Union[Mapping[str, Any], Sequence[Any]]], Mapping[str, Iterable[float]]]
+ResultsArg = Iterable[Mapping[str, Any] | Sequence[Any]] | Mapping[str, Iterable[float]]
 
 
 def report_body(report_id: str, step: int, results: ResultsArg, plan_id: str | None) -> dict[str, Any]:

@@ -202,8 +202,12 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         # Lost connection, statement_timeout, a locked SQLite file, no free pooled
         # connection: transient; the transaction was rolled back, so a retry is safe.
         what = type(getattr(exc, "orig", None) or exc).__name__
-        return _problem(503, "Service unavailable", f"the database is busy or unreachable ({what}); retry",
-                        headers={"Retry-After": "1"})
+        return _problem(
+            503,
+            "Service unavailable",
+            f"the database is busy or unreachable ({what}); retry",
+            headers={"Retry-After": "1"},
+        )
 
     app.add_exception_handler(OperationalError, _db_unavailable)
     app.add_exception_handler(PoolTimeout, _db_unavailable)

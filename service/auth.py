@@ -111,7 +111,6 @@ def _principal(row: ApiKey) -> Principal:
 ANY_KEY = select(ApiKey.pk).limit(1)
 
 
-
 def verify(s: Session, key: str) -> Principal | None:
     """The principal of a stored, unrevoked key, or None."""
     m = _KEY_RE.match(key)
@@ -125,15 +124,21 @@ def verify(s: Session, key: str) -> Principal | None:
 # -- the key store (used by the CLI and the /v1/keys endpoints) ------------------------
 def validate_binding(scope: str, run_ids: list[str] | None, runs_prefix: str | None) -> None:
     if scope not in SCOPES:
-        raise Invalid(f"scope: must be one of {', '.join(SCOPES)}, got {scope!r}",
-                      errors=[{"loc": "scope", "msg": "unknown scope"}])
+        raise Invalid(
+            f"scope: must be one of {', '.join(SCOPES)}, got {scope!r}",
+            errors=[{"loc": "scope", "msg": "unknown scope"}],
+        )
     if scope == "admin" and (run_ids is not None or runs_prefix is not None):
-        raise Invalid("an admin key cannot be bound to runs (it could create an unbound key); "
-                      "use scope write or read", errors=[{"loc": "scope", "msg": "admin keys are unbound"}])
+        raise Invalid(
+            "an admin key cannot be bound to runs (it could create an unbound key); use scope write or read",
+            errors=[{"loc": "scope", "msg": "admin keys are unbound"}],
+        )
     for i, r in enumerate(run_ids or []):
         if not _RUN_ID_RE.match(r):
-            raise Invalid(f"run_ids[{i}]: {r!r} is not a run id ([A-Za-z0-9._:-], 1–200 chars)",
-                          errors=[{"loc": f"run_ids[{i}]", "msg": "not a run id"}])
+            raise Invalid(
+                f"run_ids[{i}]: {r!r} is not a run id ([A-Za-z0-9._:-], 1–200 chars)",
+                errors=[{"loc": f"run_ids[{i}]", "msg": "not a run id"}],
+            )
     if runs_prefix is not None and not _RUN_ID_RE.match(runs_prefix):
         raise Invalid(
             f"runs_prefix: {runs_prefix!r} can never match a run id; run ids use [A-Za-z0-9._:-], "

@@ -20,15 +20,19 @@ def main() -> None:
 
 
 def _app():
-    app = typer.Typer(help="Rollplan: curriculum and rollout-budget scheduling for RL post-training.",
-                      no_args_is_help=True, add_completion=False)
+    app = typer.Typer(
+        help="Rollplan: curriculum and rollout-budget scheduling for RL post-training.",
+        no_args_is_help=True,
+        add_completion=False,
+    )
 
     @app.command()
     def serve(
         host: str = typer.Option("127.0.0.1", help="Interface to bind."),
         port: int = typer.Option(8321, help="Port to listen on."),
-        database_url: str = typer.Option(None, help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL); "
-                                         "default: SQLite file ./rollplan.db"),
+        database_url: str = typer.Option(
+            None, help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL); default: SQLite file ./rollplan.db"
+        ),
         workers: int = typer.Option(1, help="Worker processes (use PostgreSQL for more than one)."),
         log_level: str = typer.Option("info"),
     ) -> None:
@@ -46,8 +50,9 @@ def _app():
         if settings.auto_migrate:
             migrate.upgrade(settings.database_url)  # once, before workers start
         os.environ["ROLLPLAN_AUTO_MIGRATE"] = "false"
-        uvicorn.run("rollplan.service.app:create_app", factory=True, host=host, port=port,
-                    workers=workers, log_level=log_level)
+        uvicorn.run(
+            "rollplan.service.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level
+        )
 
     @app.command("migrate")
     def migrate_cmd(
@@ -137,11 +142,14 @@ def _keys_app():
         typer.echo("key_id\tscope\trevoked\truns\tname")
         for r in rows:
             bound = ",".join(r.run_ids or []) + (f" {r.runs_prefix}*" if r.runs_prefix else "")
-            typer.echo(f"{r.key_id}\t{r.scope}\t{'yes' if r.revoked_at else 'no'}\t{bound.strip() or '*'}\t{r.name or ''}")
+            typer.echo(
+                f"{r.key_id}\t{r.scope}\t{'yes' if r.revoked_at else 'no'}\t{bound.strip() or '*'}\t{r.name or ''}"
+            )
 
     @keys.command("revoke")
-    def revoke(key_id: str = typer.Argument(..., help="The key id shown by create / list."),
-               database_url: str = db_opt) -> None:
+    def revoke(
+        key_id: str = typer.Argument(..., help="The key id shown by create / list."), database_url: str = db_opt
+    ) -> None:
         """Revoke a key; every replica refuses it from the next request."""
         from . import auth
         from .errors import NotFound

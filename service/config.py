@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing import Annotated
 
 
 class Settings(BaseSettings):
@@ -16,9 +17,7 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL. Default: an embedded SQLite file in the working "
         "directory. PostgreSQL: postgresql+psycopg://user@host:5432/db",
     )
-    auto_migrate: bool = Field(
-        True, description="Upgrade the schema to the latest migration at start-up."
-    )
+    auto_migrate: bool = Field(True, description="Upgrade the schema to the latest migration at start-up.")
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated API keys. Empty: no auth (local embedded mode).",
@@ -41,16 +40,22 @@ class Settings(BaseSettings):
     max_metadata_bytes: int = Field(64 * 1024, ge=2, description="A run's metadata, serialised as JSON.")
     max_history: int = Field(10_000, ge=1, description="Most history entries GET of one prompt returns.")
     max_allocation_cells: int = Field(
-        1 << 24, ge=1, description="Most batch_size × (max_rollouts − min_rollouts) a plan may ask for "
-        "(the table-based allocators hold one marginal gain per cell)."
+        1 << 24,
+        ge=1,
+        description="Most batch_size × (max_rollouts − min_rollouts) a plan may ask for "
+        "(the table-based allocators hold one marginal gain per cell).",
     )
     state_cache_bytes: int = Field(
-        4 << 30, ge=0, description="Bound on the memory of the run states a process keeps (least recently "
-        "used dropped first; a dropped state rebuilds from the log, identical)."
+        4 << 30,
+        ge=0,
+        description="Bound on the memory of the run states a process keeps (least recently "
+        "used dropped first; a dropped state rebuilds from the log, identical).",
     )
     db_statement_timeout_s: float = Field(
-        60.0, ge=0, description="PostgreSQL statement_timeout (lock waits included); 0: none. "
-        "A request never waits on the database longer than this (503 after)."
+        60.0,
+        ge=0,
+        description="PostgreSQL statement_timeout (lock waits included); 0: none. "
+        "A request never waits on the database longer than this (503 after).",
     )
 
     # The learned pass-rate predictor (runs with a strategy's `predictor: true`; needs torch).

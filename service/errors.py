@@ -62,6 +62,4 @@ class Unavailable(RollplanError):
 
 def item_errors(field: str, bad: list[tuple[int, str, str]], limit: int = 50) -> list[dict[str, Any]]:
     """[(index, id, message)] → problem ``errors`` entries, capped at ``limit``."""
-    return [
-        {"loc": f"{field}[{i}]", "id": pid, "msg": msg} for i, pid, msg in bad[:limit]
-    ]
+    return [{"loc": f"{field}[{i}]", "id": pid, "msg": msg} for i, pid, msg in bad[:limit]]

@@ -147,8 +147,21 @@ class Ingest:
             # moved past this one's at commit. The fold decides its own down-weight.
             staleness = 0 if reported_step is None else max(0, int(reported_step) - body.step)
             repo.insert_report(
-                s, run, seq, body.report_id, body_hash, body.step, body.plan_id, ordinals, lengths, sums,
-                informative, abs_adv, staleness, texts, bool(step_known),
+                s,
+                run,
+                seq,
+                body.report_id,
+                body_hash,
+                body.step,
+                body.plan_id,
+                ordinals,
+                lengths,
+                sums,
+                informative,
+                abs_adv,
+                staleness,
+                texts,
+                bool(step_known),
             )
         if self.metrics is not None:
             self.metrics.observe_ingest(len(groups), int(lengths.sum()))
@@ -195,11 +208,20 @@ class Ingest:
             for p in items:
                 o = state.index.get(p.id)
                 if o is None:
-                    new_rows.append({
-                        "run_pk": run.pk, "ordinal": run.n_prompts + len(new_rows), "id": p.id, "domain": p.domain,
-                        "tags": p.tags, "prior_pass_rate": p.prior_pass_rate, "prior_strength": None, "text": p.text,
-                        "embedding": p.embedding, "version": version,
-                    })
+                    new_rows.append(
+                        {
+                            "run_pk": run.pk,
+                            "ordinal": run.n_prompts + len(new_rows),
+                            "id": p.id,
+                            "domain": p.domain,
+                            "tags": p.tags,
+                            "prior_pass_rate": p.prior_pass_rate,
+                            "prior_strength": None,
+                            "text": p.text,
+                            "embedding": p.embedding,
+                            "version": version,
+                        }
+                    )
                 else:
                     row = {"run_pk": run.pk, "ordinal": o, "version": version}
                     row.update(p.model_dump(include=p.model_fields_set - {"id"}))
@@ -211,12 +233,14 @@ class Ingest:
             # The event: every created prompt, and every update that set a scheduling
             # field, with the fields as stored after this upsert.
             stored = repo.scheduling_fields(s, run.pk, [r["ordinal"] for r in upd_sched])
-            ev_rows: list[tuple[int, bool, str | None, float | None, float | None]] = [(r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows]
+            ev_rows: list[tuple[int, bool, str | None, float | None, float | None]] = [
+                (r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows
+            ]
             for r in upd_sched:
                 d, pr, st = stored[r["ordinal"]]
-                ev_rows.append((
-                    r["ordinal"], False, r.get("domain", d), r.get("prior_pass_rate", pr), r.get("prior_strength", st)
-                ))
+                ev_rows.append(
+                    (r["ordinal"], False, r.get("domain", d), r.get("prior_pass_rate", pr), r.get("prior_strength", st))
+                )
             ev_rows.sort(key=lambda r: r[0])  # the order the log is read back in
             created = {r["ordinal"]: r["id"] for r in new_rows}
             repo.write_prompts(s, new_rows, upd_rows)

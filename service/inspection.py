@@ -30,9 +30,9 @@ from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.orm import Session
 
 from .runstate import RunState
-from .storage.repository import load_events
 from .scheduling.pool import Observations, PoolState
 from .storage.models import Plan, PlanItem, Prompt, Report, Result, RunStep
+from .storage.repository import load_events
 
 RunContext = RunState  # the name the functions below were written with
 
@@ -124,7 +124,13 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
     cal = {
         r[0]: r
         for r in s.execute(
-            select(Result.step, func.count(), func.avg(err * err), func.avg(PlanItem.predicted_pass_rate), func.avg(observed))
+            select(
+                Result.step,
+                func.count(),
+                func.avg(err * err),
+                func.avg(PlanItem.predicted_pass_rate),
+                func.avg(observed),
+            )
             .select_from(Result)
             .join(Plan, and_(Plan.run_pk == Result.run_pk, Plan.step == Result.step))
             .join(PlanItem, and_(PlanItem.plan_id == Plan.id, PlanItem.prompt_ordinal == Result.prompt_ordinal))
@@ -138,7 +144,7 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
     out = []
     for st in steps:
         r = by_step.get(st)
-        groups, rollouts, inf, rsum, solved, failed = (r[1:] if r else (0, 0, 0, 0.0, 0, 0))
+        groups, rollouts, inf, rsum, solved, failed = r[1:] if r else (0, 0, 0, 0.0, 0, 0)
         rollouts, inf = int(rollouts or 0), int(inf or 0)
         p = plans.get(st)
         c = cal.get(st)
@@ -230,7 +236,9 @@ def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[
         .group_by(Result.step, Prompt.domain)
     ).all()
     planned = s.execute(
-        select(Plan.step, Prompt.domain, func.count(), func.sum(PlanItem.rollouts), Plan.batch_size, Plan.rollout_budget)
+        select(
+            Plan.step, Prompt.domain, func.count(), func.sum(PlanItem.rollouts), Plan.batch_size, Plan.rollout_budget
+        )
         .select_from(PlanItem)
         .join(Plan, Plan.id == PlanItem.plan_id)
         .join(Prompt, and_(Prompt.run_pk == Plan.run_pk, Prompt.ordinal == PlanItem.prompt_ordinal))
@@ -319,7 +327,9 @@ class PoolHistory:
         with self.lock:
             target = ctx.seq
             if self.fold.seq < target:
-                self.fold.on_step = lambda pool, step: self.snapshots.__setitem__(step, snapshot(self.fold.strategy, pool))
+                self.fold.on_step = lambda pool, step: self.snapshots.__setitem__(
+                    step, snapshot(self.fold.strategy, pool)
+                )
                 self.fold.fold(load_events(s, ctx.run_pk, self.fold.seq, target))
             if self.tentative_seq != self.fold.seq:
                 found: dict[int, Snapshot] = {}
@@ -473,8 +483,17 @@ def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[s
     post = np.zeros((len(rows), 2))
     for i, (_, _, st, n, rsum, inf, _, aa, stale) in enumerate(rows):
         k = min(max((rsum - n * lo) / (hi - lo), 0.0), float(n))
-        replay.observe(Observations(one, np.array([n]), np.array([k]), np.array([st]), np.array([bool(inf)]),
-                                    np.array([aa]), np.array([stale])))
+        replay.observe(
+            Observations(
+                one,
+                np.array([n]),
+                np.array([k]),
+                np.array([st]),
+                np.array([bool(inf)]),
+                np.array([aa]),
+                np.array([stale]),
+            )
+        )
         a, b = replay.posterior(one)
         post[i] = a[0], b[0]
     if len(rows):

@@ -96,7 +96,9 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("rollplan_http_requests", "HTTP requests", ["method", "route", "status"], registry=r)
-        self.latency = Histogram("rollplan_http_request_seconds", "HTTP request latency", ["method", "route"], registry=r)
+        self.latency = Histogram(
+            "rollplan_http_request_seconds", "HTTP request latency", ["method", "route"], registry=r
+        )
         self.plan_seconds = Histogram(
             "rollplan_plan_compute_seconds",
             "Time the strategy spent computing a plan",
@@ -107,9 +109,7 @@ class Metrics:
         self.rewards_ingested = Counter(
             "rollplan_rewards_ingested", "Individual rewards committed by reports", registry=r
         )
-        self.groups_ingested = Counter(
-            "rollplan_groups_ingested", "Prompt groups committed by reports", registry=r
-        )
+        self.groups_ingested = Counter("rollplan_groups_ingested", "Prompt groups committed by reports", registry=r)
         self.run_gauges = RunGauges(sessions)
         if self.multiproc_dir is None:
             r.register(self.run_gauges)

@@ -41,10 +41,13 @@ class PlanJSON:
     predicted: np.ndarray
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.head, "items": [
-            {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p}
-            for i, r, p in zip(self.prompt_ids, self.rollouts, self.predicted.tolist())
-        ]}
+        return {
+            **self.head,
+            "items": [
+                {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p}
+                for i, r, p in zip(self.prompt_ids, self.rollouts, self.predicted.tolist())
+            ],
+        }
 
     def to_json(self) -> bytes:
         if not np.isfinite(self.predicted).all():  # not expected; json then refuses rather than emit NaN
@@ -133,8 +136,9 @@ class Planner:
                 why = allocation.check_budget(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"])
                 if why:
                     raise Invalid(f"rollout_budget: {why}", errors=[{"loc": "body.rollout_budget", "msg": why}])
-                check_allocation_size(self.settings, body.batch_size, cfg["min_rollouts"], cfg["max_rollouts"],
-                                      "batch_size")
+                check_allocation_size(
+                    self.settings, body.batch_size, cfg["min_rollouts"], cfg["max_rollouts"], "batch_size"
+                )
                 changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
                 spec = spec_for_step(cfg, changes, step)
                 sealing = True
@@ -145,8 +149,14 @@ class Planner:
                     decision = state.strategy.plan(state.pool, req, strat.plan_rng(run.id, step, state.strategy.name))
                     compute_s = time.perf_counter() - t0
                 plan = Plan(
-                    id=uuid.uuid4().hex, run_pk=run.pk, step=step, strategy=state.strategy.name,
-                    batch_size=body.batch_size, rollout_budget=budget, compute_ms=compute_s * 1000.0, log_seq=seq,
+                    id=uuid.uuid4().hex,
+                    run_pk=run.pk,
+                    step=step,
+                    strategy=state.strategy.name,
+                    batch_size=body.batch_size,
+                    rollout_budget=budget,
+                    compute_ms=compute_s * 1000.0,
+                    log_seq=seq,
                 )
                 repo.add_plan(s, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
                 run.n_plans += 1
@@ -225,6 +235,9 @@ class Planner:
             for o, r, p in repo.plan_items(s, plan.id, 1)
         ]
         return schemas.ExtendOut(
-            plan_id=plan.id, step=plan.step, extra_budget=extra_budget, allocated=sum(i.rollouts for i in items),
+            plan_id=plan.id,
+            step=plan.step,
+            extra_budget=extra_budget,
+            allocated=sum(i.rollouts for i in items),
             items=items,
         )

@@ -66,8 +66,19 @@ class Reads:
             )
         return out
 
-    def list_prompts(self, session: Session, run_id: str, *, cursor_ordinal: int, sort_after, limit: int,
-                     domain: str | None, sort: str, descending: bool, filters: dict[str, Any]):
+    def list_prompts(
+        self,
+        session: Session,
+        run_id: str,
+        *,
+        cursor_ordinal: int,
+        sort_after,
+        limit: int,
+        domain: str | None,
+        sort: str,
+        descending: bool,
+        filters: dict[str, Any],
+    ):
         """A page of prompts with their estimates: (rows, next ordinal or None, next sort key or None)."""
         run = self.runs.get_run(session, run_id)
         state = self.store.state(session, run)

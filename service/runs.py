@@ -137,26 +137,34 @@ class Runs:
                 st = self.store.state(session, run)
                 with st.read() as pool:
                     state = st.strategy.inspect(pool)
-            out.append(schemas.RunOut(
-                id=run.id,
-                strategy=schemas.StrategySpec(**current_strategy(cfg)),
-                strategy_history=hist[run.pk],
-                warm_start_from=cfg.get("warm_start_from"),
-                strategy_state=state,
-                rollouts_per_prompt=cfg["rollouts_per_prompt"],
-                min_rollouts=cfg["min_rollouts"],
-                max_rollouts=cfg["max_rollouts"],
-                reward_range=tuple(cfg["reward_range"]),
-                metadata=run.meta,
-                created_at=run.created_at,
-                stats=schemas.RunStats(
-                    prompts=run.n_prompts, steps=steps.get(run.pk, 0), plans=run.n_plans, results=run.n_results,
-                    rollouts=run.n_rollouts, informative_rollouts=run.n_informative_rollouts,
-                ),
-            ))
+            out.append(
+                schemas.RunOut(
+                    id=run.id,
+                    strategy=schemas.StrategySpec(**current_strategy(cfg)),
+                    strategy_history=hist[run.pk],
+                    warm_start_from=cfg.get("warm_start_from"),
+                    strategy_state=state,
+                    rollouts_per_prompt=cfg["rollouts_per_prompt"],
+                    min_rollouts=cfg["min_rollouts"],
+                    max_rollouts=cfg["max_rollouts"],
+                    reward_range=tuple(cfg["reward_range"]),
+                    metadata=run.meta,
+                    created_at=run.created_at,
+                    stats=schemas.RunStats(
+                        prompts=run.n_prompts,
+                        steps=steps.get(run.pk, 0),
+                        plans=run.n_plans,
+                        results=run.n_results,
+                        rollouts=run.n_rollouts,
+                        informative_rollouts=run.n_informative_rollouts,
+                    ),
+                )
+            )
         return out
 
-    def list_runs(self, session: Session, after: str | None, limit: int, visible: Any) -> tuple[list[schemas.RunOut], str | None]:
+    def list_runs(
+        self, session: Session, after: str | None, limit: int, visible: Any
+    ) -> tuple[list[schemas.RunOut], str | None]:
         runs = repo.runs_page(session, after, limit + 1, visible)
         nxt = runs[limit - 1].id if len(runs) > limit else None
         return self.runs_out(session, runs[:limit]), nxt

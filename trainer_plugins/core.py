@@ -236,15 +236,19 @@ class RollplanScheduler:
                 logger.warning(
                     "ROLLPLAN SERVICE UNREACHABLE at %s (%s: %s). Training continues: plans fall back to "
                     "UNIFORM sampling over the local dataset and reports are spooled to %s until it is back.",
-                    self._client.base_url, what, exc, self.spool_path,
+                    self._client.base_url,
+                    what,
+                    exc,
+                    self.spool_path,
                 )
 
     def _came_back(self) -> None:
         with self._lock:
             was_down, self._online = not self._online, True
         if was_down:
-            logger.warning("Rollplan service at %s is reachable again; replaying spooled reports.",
-                           self._client.base_url)
+            logger.warning(
+                "Rollplan service at %s is reachable again; replaying spooled reports.", self._client.base_url
+            )
         if was_down or not self._attached:
             self._ensure_attached()
         if self.spool_path.exists():
@@ -271,8 +275,9 @@ class RollplanScheduler:
             self._went_down("attach", exc)
             return False
         self._attached = True
-        logger.info("Rollplan run %r %s (%d prompts)", self.run_id,
-                    "created" if run.created else "attached", len(self.ids))
+        logger.info(
+            "Rollplan run %r %s (%d prompts)", self.run_id, "created" if run.created else "attached", len(self.ids)
+        )
         if not self._online:
             self._came_back()
         elif self.spool_path.exists():
@@ -344,8 +349,7 @@ class RollplanScheduler:
                 self.stats.unknown_planned_prompts += 1
         missing = batch_size - len(indices)
         if missing > 0:  # the run's pool holds prompts this dataset lacks: fill uniformly
-            logger.warning("plan of step %d names %d prompts not in the local dataset; filled uniformly",
-                           step, missing)
+            logger.warning("plan of step %d names %d prompts not in the local dataset; filled uniformly", step, missing)
             rng = random.Random(f"{self.seed}-{step}-fill")
             taken = set(indices)
             pool = [i for i in range(len(self.ids)) if i not in taken]
@@ -469,7 +473,7 @@ class RollplanScheduler:
         with self._spool_lock:
             # Reports spooled while we replayed were appended after the lines we read.
             now = [ln for ln in self.spool_path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-            remaining = left + now[len(lines):]
+            remaining = left + now[len(lines) :]
             if remaining:
                 tmp = self.spool_path.with_suffix(".tmp")
                 tmp.write_text("\n".join(remaining) + "\n", encoding="utf-8")
@@ -504,8 +508,12 @@ class RollplanScheduler:
             self._wait_queue(timeout)
         left = self.spooled()
         if left:
-            logger.warning("Rollplan: %d reports could not be sent; they stay in %s and are replayed "
-                           "at the next start of run %r.", left, self.spool_path, self.run_id)
+            logger.warning(
+                "Rollplan: %d reports could not be sent; they stay in %s and are replayed at the next start of run %r.",
+                left,
+                self.spool_path,
+                self.run_id,
+            )
         return left
 
     def _wait_queue(self, timeout: float | None) -> None:

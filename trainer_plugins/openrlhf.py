@@ -88,8 +88,12 @@ class RollplanPromptLoader:
                 index = plan.indices[pos]
                 datasource, prompt, label, images = self.dataset[index]
                 self._pos += 1
-                yield ([datasource], [prompt], [encode_label(plan.prompt_ids[pos], step, self.n_samples, label)],
-                       [images])
+                yield (
+                    [datasource],
+                    [prompt],
+                    [encode_label(plan.prompt_ids[pos], step, self.n_samples, label)],
+                    [images],
+                )
             self._step, self._pos = step + 1, 0
 
     def state_dict(self) -> dict[str, int]:
@@ -148,8 +152,9 @@ def rollplan_trainer_class() -> Any:
             dataset = self.prompts_dataloader.dataset
             args_ = self.args
             self.rollplan = scheduler_from_env(dataset, args_.rollout.n_samples_per_prompt)
-            loader = RollplanPromptLoader(dataset, self.rollplan, args_.rollout.batch_size,
-                                          args_.rollout.n_samples_per_prompt)
+            loader = RollplanPromptLoader(
+                dataset, self.rollplan, args_.rollout.batch_size, args_.rollout.n_samples_per_prompt
+            )
             self.prompts_dataloader = loader
             self.samples_generator.prompts_dataloader = loader
 
@@ -169,7 +174,7 @@ def _split_argv(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     it = iter(argv)
     for arg in it:
         if arg.startswith("--rollplan."):
-            key, eq, value = arg[len("--rollplan."):].partition("=")
+            key, eq, value = arg[len("--rollplan.") :].partition("=")
             if key not in _FLAGS:
                 raise SystemExit(f"unknown flag --rollplan.{key} (known: {', '.join(_FLAGS)})")
             ours[key] = value if eq else next(it)
@@ -192,11 +197,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     import ray
 
     env = {k: v for k, v in os.environ.items() if k.startswith("ROLLPLAN_")}
-    env.update({
-        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
-        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
-        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-    })
+    env.update(
+        {
+            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+            "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        }
+    )
     ray.init(runtime_env={"env_vars": env})  # train_ppo_ray then reuses it: ROLLPLAN_* reach every actor
     import openrlhf.trainer.ppo_trainer as ppo_trainer
 

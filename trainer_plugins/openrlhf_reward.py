@@ -105,8 +105,9 @@ class _Reporter:
         self.scheduler: RollplanScheduler | None = None
         if self.run_id:
             # Report ids are unique per process: two engines may report parts of one step.
-            self.scheduler = RollplanScheduler(self.run_id, [], reporter=f"orl-{uuid.uuid4().hex[:10]}",
-                                               url=os.environ.get("ROLLPLAN_URL"))
+            self.scheduler = RollplanScheduler(
+                self.run_id, [], reporter=f"orl-{uuid.uuid4().hex[:10]}", url=os.environ.get("ROLLPLAN_URL")
+            )
         else:
             logger.warning("ROLLPLAN_RUN_ID is not set: scores are computed but not reported")
         self.lock = threading.Lock()

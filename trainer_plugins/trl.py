@@ -94,8 +94,9 @@ class RollplanSampler(_TorchSampler):
         self.epoch = 0
         self.draws_per_epoch = num_samples // batch_size
         if self.draws_per_epoch == 0:
-            raise ValueError(f"the dataset ({num_samples} prompts) is smaller than one generation batch "
-                             f"({batch_size} prompts)")
+            raise ValueError(
+                f"the dataset ({num_samples} prompts) is smaller than one generation batch ({batch_size} prompts)"
+            )
         self.plans: dict[int, LocalPlan] = {}
 
     def set_epoch(self, epoch: int) -> None:
@@ -260,7 +261,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
                 continue
             planned = plan.rollouts[plan.prompt_ids.index(pid)]
             if planned < g:
-                rewards_per_func[start + planned:start + g] = float("nan")
+                rewards_per_func[start + planned : start + g] = float("nan")
         return rewards_per_func
 
     def _report_rewards(self, rewards_per_func, keys) -> None:
@@ -273,12 +274,12 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         g = self.num_generations
         by_step: dict[int, list[tuple[str, list[float]]]] = {}
         for start in range(0, len(keys), g):
-            group = keys[start:start + g]
+            group = keys[start : start + g]
             step, pid = group[0]
             if any(k != (step, pid) for k in group):
                 logger.warning("Rollplan: a group mixes prompts %s; not reported", sorted(set(group)))
                 continue
-            by_step.setdefault(step, []).append((pid, values[start:start + g]))
+            by_step.setdefault(step, []).append((pid, values[start : start + g]))
         sampler = self._rollplan_sampler
         for step, results in by_step.items():
             plan = sampler.plans.get(step) if sampler is not None else None

@@ -61,8 +61,20 @@ logger = logging.getLogger("rollplan.plugins.verl")
 ROLLOUT_N_KEY = "__rollout_n__"
 STEP_KEY = "rollplan_step"
 ID_KEY = "rollplan_prompt_id"
-_SCHEDULER_KEYS = ("strategy", "rollouts_per_prompt", "min_rollouts", "max_rollouts", "reward_range",
-                   "metadata", "seed", "spool_dir", "max_retries", "backoff", "timeout", "api_key")
+_SCHEDULER_KEYS = (
+    "strategy",
+    "rollouts_per_prompt",
+    "min_rollouts",
+    "max_rollouts",
+    "reward_range",
+    "metadata",
+    "seed",
+    "spool_dir",
+    "max_retries",
+    "backoff",
+    "timeout",
+    "api_key",
+)
 
 
 def _plain(value: Any) -> Any:
@@ -87,8 +99,9 @@ class RollplanRLHFDataset(_RLHFDataset):
     """``RLHFDataset`` whose training batches are Rollplan plans (see the module notes)."""
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
-        super().__init__(data_files=data_files, tokenizer=tokenizer, config=config, processor=processor,
-                         max_samples=max_samples)
+        super().__init__(
+            data_files=data_files, tokenizer=tokenizer, config=config, processor=processor, max_samples=max_samples
+        )
         files = _files(self.original_data_files)
         train, val = _files(config.get("train_files")), _files(config.get("val_files"))
         # verl builds the train dataset first; if train and val files are the same, the
@@ -105,8 +118,10 @@ class RollplanRLHFDataset(_RLHFDataset):
         if not run_id:
             raise ValueError("RollplanRLHFDataset needs data.rollplan.run_id (or $ROLLPLAN_RUN_ID)")
         if int(config.get("dataloader_num_workers", 0) or 0) != 0:
-            raise ValueError("RollplanRLHFDataset needs data.dataloader_num_workers=0: the plan is fetched "
-                             "in the dataset, which worker processes would each copy")
+            raise ValueError(
+                "RollplanRLHFDataset needs data.dataloader_num_workers=0: the plan is fetched "
+                "in the dataset, which worker processes would each copy"
+            )
         self.rollplan_batch_size = int(opts.pop("batch_size", None) or config.get("train_batch_size"))
         self.rollplan_budget = opts.pop("rollout_budget", None)
         ids = self._prompt_ids(opts.pop("id_key", None), str(opts.pop("id_prefix", "")))
@@ -125,8 +140,10 @@ class RollplanRLHFDataset(_RLHFDataset):
             return PromptIds(f"{prefix}{v}" for v in self.dataframe[id_key])
         infos = self.dataframe["extra_info"] if "extra_info" in self.dataframe.column_names else None
         if infos is None or any(not isinstance(e, Mapping) or e.get("index") is None for e in infos):
-            raise ValueError("RollplanRLHFDataset needs prompt ids: give every row extra_info.index "
-                             "or set data.rollplan.id_key to an id column")
+            raise ValueError(
+                "RollplanRLHFDataset needs prompt ids: give every row extra_info.index "
+                "or set data.rollplan.id_key to an id column"
+            )
         return PromptIds(f"{prefix}{e['index']}" for e in infos)
 
     # -- the lazy fetch -------------------------------------------------------------
@@ -138,8 +155,9 @@ class RollplanRLHFDataset(_RLHFDataset):
             step, pos = self._cursor
             if self._current is None or self._current.step != step:
                 if self.rollplan is None:  # a copy unpickled without its scheduler (see __setstate__)
-                    raise RuntimeError("RollplanRLHFDataset: this copy has no Rollplan scheduler; "
-                                       "use data.dataloader_num_workers=0")
+                    raise RuntimeError(
+                        "RollplanRLHFDataset: this copy has no Rollplan scheduler; use data.dataloader_num_workers=0"
+                    )
                 self._current = self.rollplan.plan(step, self.rollplan_batch_size, self.rollplan_budget)
             plan = self._current
             row = self[plan.indices[pos]]

@@ -12,9 +12,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
+from .. import auth
 from ..config import Settings
 from ..engine import Engine
-from .. import auth
 from ..errors import TooLarge, Unauthorized
 
 KEY_COOKIE = "rollplan_key"
@@ -87,9 +87,7 @@ def authorize(needed: auth.Scope | None = None):
     GET/HEAD = read, anything else = write) and, when the path names a run,
     that the key may touch that run. Returns the ``Principal``."""
 
-    def dependency(
-        request: Request, principal: Annotated[auth.Principal, Depends(get_principal)]
-    ) -> auth.Principal:
+    def dependency(request: Request, principal: Annotated[auth.Principal, Depends(get_principal)]) -> auth.Principal:
         scope = needed or ("read" if request.method in _READ_METHODS else "write")
         principal.check(scope, request.path_params.get("run_id"))
         return principal
@@ -133,8 +131,10 @@ def json_body(model: type[BaseModel], limit: str | None = None):
             cap = getattr(request.app.state.settings, limit)
             declared = request.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > cap:
-                raise TooLarge(f"request body: {declared} bytes exceed the limit of {cap} ({limit}); "
-                               "split it into several requests")
+                raise TooLarge(
+                    f"request body: {declared} bytes exceed the limit of {cap} ({limit}); "
+                    "split it into several requests"
+                )
             chunks, size = [], 0
             async for chunk in request.stream():
                 size += len(chunk)
@@ -147,7 +147,9 @@ def json_body(model: type[BaseModel], limit: str | None = None):
         try:
             return model.model_validate_json(raw)
         except ValidationError as e:
-            errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_context=False)]
+            errors = [
+                {**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_context=False)
+            ]
             raise RequestValidationError(errors) from None
 
     return parse

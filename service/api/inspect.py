@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
@@ -23,8 +22,8 @@ from pydantic import BaseModel, Field
 from .. import inspection as insp
 from ..errors import Invalid
 from . import schemas
-from .deps import EngineDep, SessionDep, require_key
 from .cursors import _decode_cursor, _encode_cursor
+from .deps import EngineDep, SessionDep, require_key
 from .v1 import RESPONSES, Cursor, RunIdPath
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
@@ -191,7 +190,9 @@ def pass_rate_histogram(
     """The distribution of the pool's predicted pass rates now and after each step (the
     curriculum's frontier over time), with prompt counts per state."""
     if bins not in insp.ALLOWED_BINS:
-        raise Invalid(f"bins: must be one of {list(insp.ALLOWED_BINS)}", errors=[{"loc": "query.bins", "msg": "invalid"}])
+        raise Invalid(
+            f"bins: must be one of {list(insp.ALLOWED_BINS)}", errors=[{"loc": "query.bins", "msg": "invalid"}]
+        )
     run, ctx = _ctx(engine, session, run_id)
     h = insp.pool_history(ctx)
     h.sync(session, ctx)
@@ -268,8 +269,12 @@ def export(
     engine: EngineDep,
     session: SessionDep,
     format: Annotated[Literal["ndjson", "csv"], Query(description="ndjson or csv.")] = "ndjson",
-    step_from: Annotated[int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≥ this.")] = None,
-    step_to: Annotated[int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≤ this.")] = None,
+    step_from: Annotated[
+        int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≥ this.")
+    ] = None,
+    step_to: Annotated[
+        int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≤ this.")
+    ] = None,
 ):
     """The run's reward log (streamed; safe for large runs)."""
     run = engine.get_run(session, run_id)
@@ -307,5 +312,3 @@ def export(
     return StreamingResponse(
         body, media_type=media, headers={"Content-Disposition": f'attachment; filename="{filename}"'}
     )
-
-

@@ -12,9 +12,7 @@ from . import schemas
 from .deps import SessionDep, require_admin
 from .v1 import AUTH_RESPONSES, RESPONSES
 
-router = APIRouter(
-    prefix="/v1/keys", dependencies=[Depends(require_admin)], responses=AUTH_RESPONSES, tags=["keys"]
-)
+router = APIRouter(prefix="/v1/keys", dependencies=[Depends(require_admin)], responses=AUTH_RESPONSES, tags=["keys"])
 
 KeyIdPath = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$", description="The key's public id (12 hex characters).")]
 

@@ -76,8 +76,13 @@ def calibration(sums: dict[str, Any] | None) -> Calibration:
         brier=s["sse"] / g if g else None,
         brier_baseline=s["sse_baseline"] / g if g else None,
         reliability=[
-            ReliabilityBin(lo=i / N_BINS, hi=(i + 1) / N_BINS, groups=int(c), mean_predicted=p / c if c else None,
-                           mean_observed=o / c if c else None)
+            ReliabilityBin(
+                lo=i / N_BINS,
+                hi=(i + 1) / N_BINS,
+                groups=int(c),
+                mean_predicted=p / c if c else None,
+                mean_observed=o / c if c else None,
+            )
             for i, (c, p, o) in enumerate(zip(cnt, bp, bo))
         ],
     )
@@ -116,8 +121,12 @@ def get_predictor(run_id: RunIdPath, engine: EngineDep, session: SessionDep) -> 
         prequential_first_time=calibration(merge([p["first_time"] for p in preq if "first_time" in p])),
         versions=[
             VersionSummary(
-                version=v, created_at=c, groups_seen=m.get("groups_seen"), trained_upto_seq=m.get("trained_upto_seq"),
-                logit_var=m.get("logit_var"), holdout=calibration(m["holdout"]) if m.get("holdout") else None,
+                version=v,
+                created_at=c,
+                groups_seen=m.get("groups_seen"),
+                trained_upto_seq=m.get("trained_upto_seq"),
+                logit_var=m.get("logit_var"),
+                holdout=calibration(m["holdout"]) if m.get("holdout") else None,
             )
             for v, c, m in rows
         ],

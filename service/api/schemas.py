@@ -46,9 +46,7 @@ class RunIn(Strict):
     strategy: StrategySpec = Field(default_factory=StrategySpec)
     rollouts_per_prompt: int = Field(8, ge=1, le=100_000)
     min_rollouts: int = Field(1, ge=1, le=100_000)
-    max_rollouts: int | None = Field(
-        None, ge=1, le=100_000, description="Default: max(64, rollouts_per_prompt)."
-    )
+    max_rollouts: int | None = Field(None, ge=1, le=100_000, description="Default: max(64, rollouts_per_prompt).")
     reward_range: tuple[RewardBound, RewardBound] = Field(
         (0.0, 1.0), description="[low, high] of a reward, each within ±1e12; rewards outside are rejected."
     )
@@ -201,11 +199,14 @@ class PromptDetail(PromptOut):
 
 # -- plans ------------------------------------------------------------------------
 class PlanIn(Strict):
-    batch_size: int = Field(..., ge=1, description="Distinct prompts in the plan; at most the server's "
-                            "max_batch_size (413 above).")
+    batch_size: int = Field(
+        ..., ge=1, description="Distinct prompts in the plan; at most the server's max_batch_size (413 above)."
+    )
     rollout_budget: int | None = Field(
-        None, ge=1, description="Total rollouts; default batch_size × rollouts_per_prompt; at most the "
-        "server's max_rollout_budget (413 above)."
+        None,
+        ge=1,
+        description="Total rollouts; default batch_size × rollouts_per_prompt; at most the "
+        "server's max_rollout_budget (413 above).",
     )
     step: Step | None = Field(None, description="Trainer step; default: the run's next step.")
 

@@ -7,6 +7,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
+
 from ..errors import Invalid, TooLarge
 from ..scheduling import strategies as strat
 from . import schemas
@@ -74,11 +75,15 @@ def put_run(
     try:
         size = len(json.dumps(body.metadata, allow_nan=False, separators=(",", ":")).encode())
     except ValueError:
-        raise Invalid("metadata: NaN and Infinity are not JSON; send finite numbers or strings",
-                      errors=[{"loc": "body.metadata", "msg": "non-finite number"}]) from None
+        raise Invalid(
+            "metadata: NaN and Infinity are not JSON; send finite numbers or strings",
+            errors=[{"loc": "body.metadata", "msg": "non-finite number"}],
+        ) from None
     if size > settings.max_metadata_bytes:
-        raise TooLarge(f"metadata: {size} bytes of JSON exceed the limit of {settings.max_metadata_bytes}; "
-                       "keep large artefacts elsewhere and store a reference")
+        raise TooLarge(
+            f"metadata: {size} bytes of JSON exceed the limit of {settings.max_metadata_bytes}; "
+            "keep large artefacts elsewhere and store a reference"
+        )
     created, _ = engine.put_run(run_id, body)
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -146,14 +151,26 @@ def list_prompts(
     """Page of prompts with their current estimates, in registration order unless `sort`
     says otherwise; filterable by domain, state, predicted pass rate and rollouts."""
     limit = min(limit, settings.max_page_size)
-    filters = dict(state=state, min_pass_rate=min_pass_rate, max_pass_rate=max_pass_rate,
-                   min_rollouts=min_rollouts, max_rollouts=max_rollouts)
+    filters = dict(
+        state=state,
+        min_pass_rate=min_pass_rate,
+        max_pass_rate=max_pass_rate,
+        min_rollouts=min_rollouts,
+        max_rollouts=max_rollouts,
+    )
     by_key = sort != "ordinal" or order != "asc" or any(v is not None for v in filters.values())
     after_key = decode_sort_cursor(cursor, sort, order) if by_key else None
     after = None if by_key else _decode_cursor(cursor, _ORDINAL_RE)
     rows, nxt_ord, nxt_key = engine.list_prompts(
-        session, run_id, cursor_ordinal=int(after) if after is not None else -1, sort_after=after_key, limit=limit,
-        domain=domain, sort=sort, descending=order == "desc", filters=filters,
+        session,
+        run_id,
+        cursor_ordinal=int(after) if after is not None else -1,
+        sort_after=after_key,
+        limit=limit,
+        domain=domain,
+        sort=sort,
+        descending=order == "desc",
+        filters=filters,
     )
     if by_key:
         nxt = encode_sort_cursor(sort, order, *nxt_key) if nxt_key else None
@@ -163,7 +180,10 @@ def list_prompts(
 
 
 @router.get(
-    "/runs/{run_id}/prompts/{prompt_id:path}", response_model=schemas.PromptDetail, responses=RESPONSES, tags=["prompts"]
+    "/runs/{run_id}/prompts/{prompt_id:path}",
+    response_model=schemas.PromptDetail,
+    responses=RESPONSES,
+    tags=["prompts"],
 )
 def get_prompt(
     run_id: RunIdPath,
@@ -172,7 +192,8 @@ def get_prompt(
     session: SessionDep,
     settings: SettingsDep,
     history_limit: Annotated[
-        int | None, Query(ge=1, description="Return only the latest N groups (default and cap: the server's max_history).")
+        int | None,
+        Query(ge=1, description="Return only the latest N groups (default and cap: the server's max_history)."),
     ] = None,
 ):
     """One prompt with its estimate and reward history (the id percent-encoded as the last segment)."""
@@ -192,8 +213,11 @@ def create_plan(run_id: RunIdPath, body: schemas.PlanIn, engine: EngineDep, resp
     asked again returns the same stored plan (200); with a different body, 409."""
     created, plan = engine.plan(run_id, body)
     # Serialised by the engine in the PlanOut shape; answered without re-validating every item.
-    return Response(plan.to_json(), status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-                    media_type="application/json")
+    return Response(
+        plan.to_json(),
+        status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        media_type="application/json",
+    )
 
 
 @router.post(

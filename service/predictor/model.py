@@ -105,7 +105,9 @@ class PassRateNet(nn.Module):
         w = self.skill(dom)
         if K == 1:
             return w[:, 0]
-        return w.gather(1, lo.unsqueeze(1)).squeeze(1) * (1 - frac) + w.gather(1, (lo + 1).unsqueeze(1)).squeeze(1) * frac
+        return (
+            w.gather(1, lo.unsqueeze(1)).squeeze(1) * (1 - frac) + w.gather(1, (lo + 1).unsqueeze(1)).squeeze(1) * frac
+        )
 
 
 def _bags(f: Features) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,8 +121,9 @@ def _bags(f: Features) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 class Predictor:
     """One trained version: the network, its domain names and step scale, its uncertainty."""
 
-    def __init__(self, net: PassRateNet, domains: list, max_step: int, logit_var: float, config: TrainConfig,
-                 baseline: dict) -> None:
+    def __init__(
+        self, net: PassRateNet, domains: list, max_step: int, logit_var: float, config: TrainConfig, baseline: dict
+    ) -> None:
         self.net = net
         self.domains = list(domains)
         self.max_step = int(max_step)
@@ -166,9 +169,15 @@ class Predictor:
         return by[rows]
 
     @torch.no_grad()
-    def predict_logit(self, feats: Features, rows: np.ndarray, step: np.ndarray | int,
-                      embedding: np.ndarray | None = None, has_embedding: np.ndarray | None = None,
-                      chunk: int = 65_536) -> np.ndarray:
+    def predict_logit(
+        self,
+        feats: Features,
+        rows: np.ndarray,
+        step: np.ndarray | int,
+        embedding: np.ndarray | None = None,
+        has_embedding: np.ndarray | None = None,
+        chunk: int = 65_536,
+    ) -> np.ndarray:
         """logit p for bags ``feats`` (one per prompt) in domain rows ``rows`` at ``step``."""
         n = len(feats)
         step = np.broadcast_to(np.asarray(step, np.float64), (n,))
@@ -212,8 +221,17 @@ def fit(data: TrainData, config: TrainConfig | None = None) -> tuple[Predictor, 
     cfg = config or TrainConfig()
     if data.g_ordinal.size > cfg.max_groups:
         keep = slice(data.g_ordinal.size - cfg.max_groups, None)
-        data = TrainData(data.feats, data.domain, data.domains, data.embedding, data.has_embedding,
-                         data.g_ordinal[keep], data.g_n[keep], data.g_k[keep], data.g_step[keep])
+        data = TrainData(
+            data.feats,
+            data.domain,
+            data.domains,
+            data.embedding,
+            data.has_embedding,
+            data.g_ordinal[keep],
+            data.g_n[keep],
+            data.g_k[keep],
+            data.g_step[keep],
+        )
     D = len(data.domains)
     max_step = int(data.g_step.max()) if data.g_step.size else 0
     hold = _holdout_mask(data.g_ordinal, cfg.holdout, cfg.seed)
@@ -296,9 +314,13 @@ def evaluate(pred: Predictor, data: TrainData, groups: np.ndarray, rows: np.ndar
     a reliability table (sums per bin of the predicted pass rate) and the logit-scale excess
     variance. ``rows``: each group's domain row in this version."""
     o = data.g_ordinal[groups]
-    z = pred.predict_logit(data.feats.rows(o), rows, data.g_step[groups],
-                           None if data.embedding is None else data.embedding[o],
-                           None if data.embedding is None else data.has_embedding[o])
+    z = pred.predict_logit(
+        data.feats.rows(o),
+        rows,
+        data.g_step[groups],
+        None if data.embedding is None else data.embedding[o],
+        None if data.embedding is None else data.has_embedding[o],
+    )
     return calibration_sums(_sigmoid(z), pred.baseline_rate(rows), data.g_k[groups], data.g_n[groups])
 
 

@@ -219,8 +219,17 @@ class PredictorManager:
             seq, o, n, rs, step = (np.asarray(c) for c in zip(*results))
             n = n.astype(np.float64)
             k = np.clip((rs.astype(np.float64) - n * lo) / (hi - lo), 0.0, n)
-            data = M.TrainData(tbl.feats, tbl.domain_codes(), tbl.domain_names(), emb, has,
-                               o.astype(np.int64), n, k, step.astype(np.int64))
+            data = M.TrainData(
+                tbl.feats,
+                tbl.domain_codes(),
+                tbl.domain_names(),
+                emb,
+                has,
+                o.astype(np.int64),
+                n,
+                k,
+                step.astype(np.int64),
+            )
             metrics: dict[str, Any] = {}
             if st.model is not None:
                 metrics["prequential"] = self._prequential(st, M, data, seq)

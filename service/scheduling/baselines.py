@@ -29,8 +29,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from . import allocation, selection
-from .pool import Observations, PoolState
 from .base import REGISTRY, PlanDecision, PlanRequest, Strategy, StrategyParams
+from .pool import Observations, PoolState
 from .util import grow
 
 __all__ = ["DifficultyPool", "LatestGroupMean", "OpenInstruct", "PrimeRL", "Retirement"]
@@ -183,11 +183,15 @@ class DifficultyPool(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     threshold: float = Field(
-        ge=0.0, le=1.0, description="Inclusive maximum latest group-mean reward (on the run's reward range mapped "
-        "onto [0, 1]) of a prompt in this pool."
+        ge=0.0,
+        le=1.0,
+        description="Inclusive maximum latest group-mean reward (on the run's reward range mapped "
+        "onto [0, 1]) of a prompt in this pool.",
     )
     weight: float = Field(
-        ge=0.0, le=1e6, allow_inf_nan=False,
+        ge=0.0,
+        le=1e6,
+        allow_inf_nan=False,
         description="Relative per-prompt sampling weight; 0 takes the pool out of sampling.",
     )
 
@@ -218,12 +222,16 @@ class PrimeRLParams(StrategyParams):
         "threshold is in the highest one; a prompt without a group yet has weight 1.",
     )
     easy_threshold: float | None = Field(
-        None, ge=0.0, le=1.0,
+        None,
+        ge=0.0,
+        le=1.0,
         description="buffer: a group mean ≥ this retires the prompt as easy (prime-rl: unset, i.e. never; its docs "
         "use 0.95).",
     )
     hard_threshold: float | None = Field(
-        None, ge=0.0, le=1.0,
+        None,
+        ge=0.0,
+        le=1.0,
         description="buffer: a group mean ≤ this retires the prompt as hard (prime-rl: unset, i.e. never; its docs "
         "use 0.05).",
     )
@@ -321,7 +329,9 @@ class PrimeRL(Strategy[PrimeRLParams]):
 # -- Open-Instruct ------------------------------------------------------------------------------
 class OpenInstructParams(StrategyParams):
     no_resampling_pass_rate: float | None = Field(
-        0.875, gt=0.0, le=1.0,
+        0.875,
+        gt=0.0,
+        le=1.0,
         description="A prompt whose group's pass rate (its mean reward over the maximum) reaches this is never "
         "sampled again. Open-Instruct's default is unset (off); its OLMo 3 RL recipes use 0.875 (7 of 8). "
         "null: plain shuffled epochs.",

@@ -288,8 +288,9 @@ class SkillDifficultyModel:
     def _latent_contrib(self, o: np.ndarray) -> np.ndarray:
         """Prompts ``o``'s terms in their domain's latent sums: (1, P(stuck), P(solved)), 0 if unseen."""
         seen = self.tau_[o] > 0
-        return np.stack([seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0),
-                         np.where(seen, self.q_solved_[o], 0.0)], axis=1)
+        return np.stack(
+            [seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0), np.where(seen, self.q_solved_[o], 0.0)], axis=1
+        )
 
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
         self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - self.skill_seen_[o])
@@ -365,8 +366,13 @@ def group_loglik(x: np.ndarray, v: np.ndarray, n: np.ndarray, k: np.ndarray) -> 
     t, wq = _GH
     zs = m[:, None] + sd[:, None] * t[None, :]
     # log of likelihood × the belief's kernel at the nodes, re-weighted for the shift
-    terms = (-k[:, None] * np.logaddexp(0.0, -zs) - (n - k)[:, None] * np.logaddexp(0.0, zs)
-             - (zs - x[:, None]) ** 2 / (2 * v[:, None]) + t[None, :] ** 2 / 2 + np.log(wq)[None, :])
+    terms = (
+        -k[:, None] * np.logaddexp(0.0, -zs)
+        - (n - k)[:, None] * np.logaddexp(0.0, zs)
+        - (zs - x[:, None]) ** 2 / (2 * v[:, None])
+        + t[None, :] ** 2 / 2
+        + np.log(wq)[None, :]
+    )
     top = terms.max(axis=1)
     return top + np.log(np.exp(terms - top[:, None]).sum(axis=1)) + np.log(sd) - 0.5 * np.log(v)
 

@@ -61,7 +61,12 @@ def adarft_target(
 
 # -- E2H --------------------------------------------------------------------------------
 def e2h_weights(
-    t: float, T: float, K: int, schedule: str = "cosine", sigma: float = 0.5, mu_exp: float = 0.5,
+    t: float,
+    T: float,
+    K: int,
+    schedule: str = "cosine",
+    sigma: float = 0.5,
+    mu_exp: float = 0.5,
     min_prob: float = 0.0,
 ) -> np.ndarray:
     """E2H (divelab/E2H-Reasoning ``src/trainer.py``) distribution over K levels,
@@ -120,7 +125,11 @@ def greso_skip_prob(z: np.ndarray, p_base: float) -> np.ndarray:
 
 
 def greso_adapt_base(
-    p_base: float, zero_var_fraction: float, target: float = 0.25, step: float = 0.01, lo: float = 0.05,
+    p_base: float,
+    zero_var_fraction: float,
+    target: float = 0.25,
+    step: float = 0.01,
+    lo: float = 0.05,
     hi: float = 0.95,
 ) -> float:
     """Move the base exploration probability one ``step`` toward the target

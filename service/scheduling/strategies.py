@@ -101,7 +101,9 @@ class BetaThompson(Strategy[BP]):
     def make_pool(self) -> PoolState:
         p = self.params
         return PoolState(
-            forgetting=p.forgetting, prior_strength=p.prior_strength, hierarchical=p.hierarchical,
+            forgetting=p.forgetting,
+            prior_strength=p.prior_strength,
+            hierarchical=p.hierarchical,
             use_predictor=p.predictor,
         )
 
@@ -133,7 +135,9 @@ class FrontierParams(StrategyParams):
     )
     thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
     thompson_scale: float = Field(
-        1.0, ge=0.0, le=4.0,
+        1.0,
+        ge=0.0,
+        le=4.0,
         description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
         "(1: a posterior draw; smaller: closer to the mean, less exploration).",
     )
@@ -151,7 +155,9 @@ class FrontierParams(StrategyParams):
         "take it out of the batch while a prompt whose groups turn mixed stays in.",
     )
     latent_hazard: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="Per step, how much of a prompt's stuck/solved evidence fades back toward its domain's prior.",
     )
     em: bool = Field(
@@ -651,14 +657,19 @@ class PilotCommit(BetaThompson[BetaParams]):
 class DefaultParams(FrontierParams):
     thompson: bool = Field(True, description="Score a Thompson draw (default), or the predictive mean.")
     thompson_scale: float = Field(
-        0.25, ge=0.0, le=4.0,
+        0.25,
+        ge=0.0,
+        le=4.0,
         description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
         "(default ¼, chosen on the suite: explores the wide prior of never-seen prompts less than a "
         "posterior draw).",
     )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
-    em: bool = Field(True, description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "
-                     "to the posterior mode (default on).")
+    em: bool = Field(
+        True,
+        description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "
+        "to the posterior mode (default on).",
+    )
 
 
 class Default(Frontier[DefaultParams]):
@@ -672,26 +683,28 @@ class Default(Frontier[DefaultParams]):
     Params = DefaultParams
 
 
-REGISTRY.update({
-    s.name: s
-    for s in (
-        Default,
-        Uniform,
-        BetaThompson,
-        Frontier,
-        DPS,
-        DUMPStrategy,
-        SECStrategy,
-        GDROStrategy,
-        AdaRFT,
-        E2HStrategy,
-        GRESO,
-        Knapsack,
-        PilotCommit,
-        ZPPO,
-        PLR,
-    )
-})
+REGISTRY.update(
+    {
+        s.name: s
+        for s in (
+            Default,
+            Uniform,
+            BetaThompson,
+            Frontier,
+            DPS,
+            DUMPStrategy,
+            SECStrategy,
+            GDROStrategy,
+            AdaRFT,
+            E2HStrategy,
+            GRESO,
+            Knapsack,
+            PilotCommit,
+            ZPPO,
+            PLR,
+        )
+    }
+)
 
 
 # The baselines (prime_rl, open_instruct) subclass Strategy and add themselves to REGISTRY

@@ -35,15 +35,24 @@ class SkillTracker:
         o = obs.ordinals
         w = _staleness_weight(pool, obs)
         self.model.observe(
-            o, pool.domain[o], w * obs.n, w * obs.successes, obs.step, prior_logit(pool.prior_pass_rate[o]),
+            o,
+            pool.domain[o],
+            w * obs.n,
+            w * obs.successes,
+            obs.step,
+            prior_logit(pool.prior_pass_rate[o]),
             pool.predicted_prior(o),
         )
 
     @staticmethod
     def _prompts(pool: PoolState, idx: np.ndarray) -> dict:
         """What the model reads of prompts ``idx`` besides its own state."""
-        return {"o": idx, "d": pool.domain[idx], "prior_logit": prior_logit(pool.prior_pass_rate[idx]),
-                "pred": pool.predicted_prior(idx)}
+        return {
+            "o": idx,
+            "d": pool.domain[idx],
+            "prior_logit": prior_logit(pool.prior_pass_rate[idx]),
+            "pred": pool.predicted_prior(idx),
+        }
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
         return self.model.predict(step=step, **self._prompts(pool, idx))
@@ -51,8 +60,9 @@ class SkillTracker:
     def logit(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         return self.model.logit(step=step, **self._prompts(pool, idx))
 
-    def sample(self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator,
-               scale: float = 1.0) -> np.ndarray:
+    def sample(
+        self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator, scale: float = 1.0
+    ) -> np.ndarray:
         return self.model.sample(step=step, rng=rng, scale=scale, **self._prompts(pool, idx))
 
     def expected_score(self, pool: PoolState, idx: np.ndarray, step: int, n: float, kind: str) -> np.ndarray:

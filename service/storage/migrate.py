@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import rollplan.migrations as _migrations
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Connection
-
-import rollplan.migrations as _migrations
 
 
 def alembic_config(url: str | None = None, connection: Connection | None = None) -> Config:

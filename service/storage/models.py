@@ -45,9 +45,7 @@ class Run(Base):
     id: Mapped[str] = mapped_column(String(ID_LEN), unique=True, nullable=False)
     settings: Mapped[dict] = mapped_column(JSON, nullable=False)
     meta: Mapped[dict] = mapped_column("metadata", JSON, nullable=False, default=dict)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
     # Counters, all updated in the same transaction as the rows they count.
     n_prompts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     prompt_version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
@@ -63,9 +61,7 @@ class Run(Base):
 class Prompt(Base):
     __tablename__ = "prompts"
 
-    run_pk: Mapped[int] = mapped_column(
-        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
-    )
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
     ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
     id: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
     domain: Mapped[str | None] = mapped_column(String(ID_LEN))
@@ -95,9 +91,7 @@ class Plan(Base):
     strategy: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
     batch_size: Mapped[int] = mapped_column(Integer, nullable=False)
     rollout_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
     # Milliseconds the strategy spent computing the plan (migration 0002).
     compute_ms: Mapped[float | None] = mapped_column(Float)
     log_seq: Mapped[int | None] = mapped_column(BigInteger)
@@ -122,18 +116,14 @@ class PlanItem(Base):
 class Report(Base):
     __tablename__ = "reports"
 
-    run_pk: Mapped[int] = mapped_column(
-        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
-    )
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
     report_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     report_id: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
     body_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     step: Mapped[int] = mapped_column(BigInteger, nullable=False)
     plan_id: Mapped[str | None] = mapped_column(String(64))
     n_groups: Mapped[int] = mapped_column(Integer, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
     __table_args__ = (UniqueConstraint("run_pk", "report_id", name="uq_reports_run_report"),)
 
@@ -170,9 +160,7 @@ class RunStep(Base):
 
     __tablename__ = "run_steps"
 
-    run_pk: Mapped[int] = mapped_column(
-        ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True
-    )
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
 
@@ -184,9 +172,7 @@ class PlanExtension(Base):
     plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), primary_key=True)
     extra_budget: Mapped[int] = mapped_column(BigInteger, nullable=False)
     log_seq: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
 class StrategyChange(Base):
@@ -200,9 +186,7 @@ class StrategyChange(Base):
     step: Mapped[int] = mapped_column(BigInteger, nullable=False)
     strategy: Mapped[dict] = mapped_column(JSON, nullable=False)
     log_seq: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
 
 
 class PromptEvent(Base):
@@ -237,9 +221,7 @@ class ApiKey(Base):
     # and/or runs whose id starts with the prefix (a project).
     run_ids: Mapped[list | None] = mapped_column(JSON)
     runs_prefix: Mapped[str | None] = mapped_column(String(ID_LEN))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
@@ -251,8 +233,6 @@ class PredictorModel(Base):
 
     run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), nullable=False
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
     blob: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     metrics: Mapped[dict] = mapped_column(JSON, nullable=False)

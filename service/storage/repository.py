@@ -31,8 +31,17 @@ from .models import (
 )
 
 RESULT_COLUMNS = (
-    "run_pk", "report_seq", "position", "prompt_ordinal", "step", "n", "reward_sum", "informative", "abs_adv",
-    "staleness", "rewards",
+    "run_pk",
+    "report_seq",
+    "position",
+    "prompt_ordinal",
+    "step",
+    "n",
+    "reward_sum",
+    "informative",
+    "abs_adv",
+    "staleness",
+    "rewards",
 )
 PLAN_ITEM_COLUMNS = ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase")
 PROMPT_EVENT_COLUMNS = ("run_pk", "seq", "ordinal", "created", "domain", "prior_pass_rate", "prior_strength")
@@ -121,8 +130,13 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
     rows = s.execute(
         window(
             select(
-                PromptEvent.seq, PromptEvent.ordinal, PromptEvent.created, Prompt.id, PromptEvent.domain,
-                PromptEvent.prior_pass_rate, PromptEvent.prior_strength,
+                PromptEvent.seq,
+                PromptEvent.ordinal,
+                PromptEvent.created,
+                Prompt.id,
+                PromptEvent.domain,
+                PromptEvent.prior_pass_rate,
+                PromptEvent.prior_strength,
             )
             .join(Prompt, (Prompt.run_pk == PromptEvent.run_pk) & (Prompt.ordinal == PromptEvent.ordinal))
             .where(PromptEvent.run_pk == run_pk),
@@ -132,19 +146,26 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
     if rows:
         seqs, ords, created, ids, doms, priors, strengths = zip(*rows)
         for a, b in _runs(np.asarray(seqs, np.int64)):
-            events.append(PromptsEvent(
-                seq=int(seqs[a]),
-                ordinals=np.asarray(ords[a:b], np.int64),
-                ids=[i if c else None for i, c in zip(ids[a:b], created[a:b])],
-                domains=list(doms[a:b]),
-                priors=_floats(priors[a:b]),
-                strengths=_floats(strengths[a:b]),
-            ))
+            events.append(
+                PromptsEvent(
+                    seq=int(seqs[a]),
+                    ordinals=np.asarray(ords[a:b], np.int64),
+                    ids=[i if c else None for i, c in zip(ids[a:b], created[a:b])],
+                    domains=list(doms[a:b]),
+                    priors=_floats(priors[a:b]),
+                    strengths=_floats(strengths[a:b]),
+                )
+            )
     rows = s.execute(
         window(
             select(
-                Result.report_seq, Result.step, Result.prompt_ordinal, Result.n, Result.reward_sum,
-                Result.informative, Result.abs_adv,
+                Result.report_seq,
+                Result.step,
+                Result.prompt_ordinal,
+                Result.n,
+                Result.reward_sum,
+                Result.informative,
+                Result.abs_adv,
             ).where(Result.run_pk == run_pk),
             Result.report_seq,
         ).order_by(Result.report_seq, Result.position)
@@ -152,15 +173,17 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
     if rows:
         cols = [np.asarray(c) for c in zip(*rows)]
         for a, b in _runs(cols[0].astype(np.int64)):
-            events.append(ReportEvent(
-                seq=int(cols[0][a]),
-                step=int(cols[1][a]),
-                ordinals=cols[2][a:b].astype(np.int64),
-                n=cols[3][a:b].astype(np.int64),
-                reward_sum=cols[4][a:b].astype(np.float64),
-                informative=cols[5][a:b].astype(bool),
-                abs_adv=cols[6][a:b].astype(np.float64),
-            ))
+            events.append(
+                ReportEvent(
+                    seq=int(cols[0][a]),
+                    step=int(cols[1][a]),
+                    ordinals=cols[2][a:b].astype(np.int64),
+                    n=cols[3][a:b].astype(np.int64),
+                    reward_sum=cols[4][a:b].astype(np.float64),
+                    informative=cols[5][a:b].astype(bool),
+                    abs_adv=cols[6][a:b].astype(np.float64),
+                )
+            )
     for (seq,) in s.execute(window(select(Plan.log_seq).where(Plan.run_pk == run_pk), Plan.log_seq)):
         events.append(SealEvent(int(seq)))
     for (seq,) in s.execute(
@@ -196,7 +219,9 @@ def _floats(values) -> np.ndarray:
 def prompt_rows(s: Session, run_pk: int, ordinals: list[int]) -> dict[int, Prompt]:
     if not ordinals:
         return {}
-    return {r.ordinal: r for r in s.scalars(select(Prompt).where(Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals)))}
+    return {
+        r.ordinal: r for r in s.scalars(select(Prompt).where(Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals)))
+    }
 
 
 def prompt_by_id(s: Session, run_pk: int, prompt_id: str) -> Prompt | None:
@@ -249,9 +274,12 @@ def history(s: Session, run_pk: int, ordinal: int, limit: int | None = None) -> 
 
 
 def history_count(s: Session, run_pk: int, ordinal: int) -> int:
-    return int(s.scalar(
-        select(func.count()).select_from(Result).where(Result.run_pk == run_pk, Result.prompt_ordinal == ordinal)
-    ) or 0)
+    return int(
+        s.scalar(
+            select(func.count()).select_from(Result).where(Result.run_pk == run_pk, Result.prompt_ordinal == ordinal)
+        )
+        or 0
+    )
 
 
 # -- reports ------------------------------------------------------------------------------
@@ -274,16 +302,36 @@ def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
 
 
 def insert_report(
-    s: Session, run: Run, seq: int, report_id: str, body_hash: str, step: int, plan_id: str | None,
-    ordinals: np.ndarray, lengths: np.ndarray, sums: np.ndarray, informative: np.ndarray, abs_adv: np.ndarray,
-    staleness: int, texts: list[str], step_known: bool,
+    s: Session,
+    run: Run,
+    seq: int,
+    report_id: str,
+    body_hash: str,
+    step: int,
+    plan_id: str | None,
+    ordinals: np.ndarray,
+    lengths: np.ndarray,
+    sums: np.ndarray,
+    informative: np.ndarray,
+    abs_adv: np.ndarray,
+    staleness: int,
+    texts: list[str],
+    step_known: bool,
 ) -> None:
     """The report, its rows of the reward log, the step and the run's counters."""
     k = len(texts)
     n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
-    s.execute(insert(Report).values(
-        run_pk=run.pk, report_seq=seq, report_id=report_id, body_hash=body_hash, step=step, plan_id=plan_id, n_groups=k,
-    ))
+    s.execute(
+        insert(Report).values(
+            run_pk=run.pk,
+            report_seq=seq,
+            report_id=report_id,
+            body_hash=body_hash,
+            step=step,
+            plan_id=plan_id,
+            n_groups=k,
+        )
+    )
     _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts)
     if not step_known:
         mark_step(s, run.pk, step)
@@ -347,11 +395,14 @@ def insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals
 
 
 def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:
-    return [(int(o), int(r), float(p)) for o, r, p in s.execute(
-        select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
-        .where(PlanItem.plan_id == plan_id, PlanItem.phase == phase)
-        .order_by(PlanItem.position)
-    ).all()]
+    return [
+        (int(o), int(r), float(p))
+        for o, r, p in s.execute(
+            select(PlanItem.prompt_ordinal, PlanItem.rollouts, PlanItem.predicted_pass_rate)
+            .where(PlanItem.plan_id == plan_id, PlanItem.phase == phase)
+            .order_by(PlanItem.position)
+        ).all()
+    ]
 
 
 def extension(s: Session, plan_id: str) -> PlanExtension | None:
@@ -360,12 +411,15 @@ def extension(s: Session, plan_id: str) -> PlanExtension | None:
 
 def pilot_sums(s: Session, run_pk: int, plan_id: str) -> list[tuple[int, int, float]]:
     """(ordinal, rollouts, reward sum) of the groups reported with this plan_id."""
-    return [(int(o), int(n), float(r)) for o, n, r in s.execute(
-        select(Result.prompt_ordinal, func.sum(Result.n), func.sum(Result.reward_sum))
-        .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
-        .where(Report.run_pk == run_pk, Report.plan_id == plan_id)
-        .group_by(Result.prompt_ordinal)
-    ).all()]
+    return [
+        (int(o), int(n), float(r))
+        for o, n, r in s.execute(
+            select(Result.prompt_ordinal, func.sum(Result.n), func.sum(Result.reward_sum))
+            .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
+            .where(Report.run_pk == run_pk, Report.plan_id == plan_id)
+            .group_by(Result.prompt_ordinal)
+        ).all()
+    ]
 
 
 def add_extension(s: Session, plan_id: str, extra_budget: int, seq: int) -> None:
@@ -374,8 +428,11 @@ def add_extension(s: Session, plan_id: str, extra_budget: int, seq: int) -> None
 
 
 def strategy_changes(s: Session, run_pk: int) -> list[tuple[int, dict[str, Any]]]:
-    return [(int(st), spec) for st, spec in s.execute(
-        select(StrategyChange.step, StrategyChange.strategy)
-        .where(StrategyChange.run_pk == run_pk)
-        .order_by(StrategyChange.seq)
-    )]
+    return [
+        (int(st), spec)
+        for st, spec in s.execute(
+            select(StrategyChange.step, StrategyChange.strategy)
+            .where(StrategyChange.run_pk == run_pk)
+            .order_by(StrategyChange.seq)
+        )
+    ]
