@@ -18,7 +18,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .api import inspect, keys, predictor, v1
+from .api import inspect, keys, predictor, quality, v1
 from .api.deps import add_raw_body_schemas
 from .config import Settings
 from .engine import Engine
@@ -178,6 +178,7 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
     )
     app.include_router(v1.router)
     app.include_router(inspect.router)
+    app.include_router(quality.router)
     app.include_router(predictor.router)
     ui.mount(app)
     app.include_router(keys.router)

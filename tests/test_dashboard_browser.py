@@ -233,3 +233,31 @@ def test_run_page_refreshes_while_live(live, browser):
     assert series(browser, "chart-rollouts")["series"]["informative"][2] == 64
     assert len(sim.plans) == 2
     assert_no_console_errors(browser)
+
+
+def test_data_quality_view_lists_what_the_api_finds(live, browser):
+    """The run page's data-quality table shows the endpoint's findings for the form's
+    filters, and its download links carry the same filters."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    server, sim = live
+    base = f"/v1/runs/{sim.run_id}/data-quality"
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    want = api(server, base, kind="broken", min_confidence=0.9, min_rollouts=16, limit=1000)["items"]
+    WebDriverWait(browser, 30).until(lambda d: d.find_element("id", "quality-counts").text != "")
+    assert attrs(browser, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in want]
+    form = browser.find_element("id", "quality-filter")
+    Select(form.find_element("name", "kind")).select_by_value("")
+    conf = form.find_element("name", "min_confidence")
+    conf.clear()
+    conf.send_keys("0.5")
+    form.find_element("css selector", "button[type=submit]").click()
+    wide = api(server, base, min_confidence=0.5, min_rollouts=16, limit=1000)["items"]
+    assert wide, "the simulated run has prompts to list at confidence 0.5"
+    WebDriverWait(browser, 30).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in wide])
+    assert attrs(browser, "#quality tbody tr", "data-kind") == [i["kind"] for i in wide]
+    href = browser.find_element("id", "quality-csv").get_attribute("href")
+    assert "format=csv" in href and "min_confidence=0.5" in href
+    text = httpx.get(href, timeout=60).text
+    assert {line.split(",")[0] for line in text.splitlines()[1:]} == {i["prompt_id"] for i in wide}
+    assert_no_console_errors(browser)

@@ -92,6 +92,9 @@ class PoolState:
     _rollouts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _informative_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Groups whose rewards were all at the top / all at the bottom of the range.
+    _solved_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    _failed_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
@@ -127,6 +130,16 @@ class PoolState:
         return self._informative_groups[: self.size]
 
     @property
+    def solved_groups(self) -> np.ndarray:
+        """Groups in which every rollout passed."""
+        return self._solved_groups[: self.size]
+
+    @property
+    def failed_groups(self) -> np.ndarray:
+        """Groups in which every rollout failed."""
+        return self._failed_groups[: self.size]
+
+    @property
     def reward_sum(self) -> np.ndarray:
         """Sum of rewards mapped onto [0, 1] (fractional successes)."""
         return self._reward_sum[: self.size]
@@ -155,6 +168,8 @@ class PoolState:
             ("_rollouts", 0),
             ("_groups", 0),
             ("_informative_groups", 0),
+            ("_solved_groups", 0),
+            ("_failed_groups", 0),
             ("_reward_sum", 0.0),
             ("_last_step", -1),
             ("_pred_rel", np.nan),
@@ -223,6 +238,8 @@ class PoolState:
         np.add.at(self._rollouts, o, obs.n)
         np.add.at(self._groups, o, 1)
         np.add.at(self._informative_groups, o, obs.informative.astype(np.int64))
+        np.add.at(self._solved_groups, o, (obs.successes >= obs.n - 1e-9).astype(np.int32))
+        np.add.at(self._failed_groups, o, (obs.successes <= 1e-9).astype(np.int32))
         np.add.at(self._reward_sum, o, obs.successes)
         np.maximum.at(self._last_step, o, obs.step)
         # Late reports still count, down-weighted by how stale their policy is.

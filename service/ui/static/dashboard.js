@@ -271,7 +271,43 @@ const RP = (() => {
       document.getElementById("strategy-state").textContent = Object.keys(hist.current.strategy_state).length
         ? JSON.stringify(hist.current.strategy_state, null, 2) : "(this strategy exposes no extra state)";
       if (!document.querySelector("#prompts tbody tr") || !promptCursor) await loadPrompts(false);
+      if (!qualityLoaded) { qualityLoaded = true; fillQualityDomains(names); await loadQuality(); }
     }
+
+    // -- data quality: loaded once and on "apply" (it reads the whole pool) -----------------
+    let qualityLoaded = false;
+    const qform = document.getElementById("quality-filter");
+    function fillQualityDomains(names) {
+      const sel = qform.querySelector("select[name=domain]");
+      sel.replaceChildren(el("option", { value: "" }, "any"), ...names.filter(n => n !== null).map(n => el("option", { value: n }, n)));
+    }
+    function qualityQuery() {
+      const q = new URLSearchParams();
+      for (const [k, v] of new FormData(qform)) if (v !== "") q.set(k, v);
+      return q;
+    }
+    async function loadQuality() {
+      const base = "/v1/runs/" + encodeURIComponent(runId) + "/data-quality";
+      const q = qualityQuery();
+      for (const f of ["csv", "jsonl"]) {
+        const d = new URLSearchParams(q); d.set("format", f);
+        document.getElementById("quality-" + f).href = base + "?" + d;
+      }
+      q.set("limit", "1000");
+      const page = await apiAll(base + "?" + q);
+      const c = page.counts;
+      document.getElementById("quality-counts").textContent =
+        "At this confidence: " + c.broken + " broken, " + c.solved + " always solved, " + c.noisy + " noisy"
+        + (page.items.length ? "" : ".");
+      fillTable("quality", page.items.map(i => el("tr", { "data-prompt": i.prompt_id, "data-kind": i.kind },
+        el("td", {}, el("a", { href: "/ui/runs/" + encodeURIComponent(runId) + "/prompts/" + encodeURIComponent(i.prompt_id) }, i.prompt_id)),
+        el("td", {}, i.domain ?? "(none)"), el("td", {}, i.kind), el("td", {}, fmt(i.confidence)),
+        el("td", {}, fmt(i.groups)), el("td", {}, fmt(i.rollouts)), el("td", {}, fmt(i.passes, 1)),
+        el("td", {}, fmt(i.all_pass_groups)), el("td", {}, fmt(i.all_fail_groups)), el("td", {}, i.last_step ?? "–"),
+        el("td", {}, fmt(i.predicted_pass_rate)))));
+      document.getElementById("quality-empty").hidden = page.items.length > 0;
+    }
+    qform.addEventListener("submit", (e) => { e.preventDefault(); loadQuality().catch(err => status(err.message, true)); });
     schedule(refresh);
   }
 
