@@ -53,9 +53,10 @@ def state_codes(rollouts: np.ndarray, p: np.ndarray) -> np.ndarray:
     return np.where(rollouts == 0, 0, code).astype(np.int8)
 
 
-def strategy_state(strategy: Any, pool: PoolState) -> dict[str, Any]:
-    """The strategy's run-level state (bandit weights, skills, targets …)."""
-    return dict(strategy.inspect(pool))
+def strategy_state(strategy: Any, pool: PoolState, domains: list[str | None] | None = None) -> dict[str, Any]:
+    """The strategy's run-level state (bandit weights, skills, targets …), per-domain
+    values keyed by domain name when ``domains`` is given."""
+    return dict(strategy.inspect(pool, domains))
 
 
 def predicted(strategy: Any, pool: PoolState) -> np.ndarray:
@@ -297,14 +298,14 @@ class Snapshot:
     strategy_state: dict[str, Any]
 
 
-def snapshot(strategy: Any, pool: PoolState) -> Snapshot:
+def snapshot(strategy: Any, pool: PoolState, domains: list[str | None] | None = None) -> Snapshot:
     p = predicted(strategy, pool)
     st = np.bincount(state_codes(pool.rollouts, p), minlength=len(STATES))
     return Snapshot(
         counts=_fine_counts(p),
         mean=float(p.mean()) if p.size else math.nan,
         states=st.tolist(),
-        strategy_state=strategy_state(strategy, pool),
+        strategy_state=strategy_state(strategy, pool, domains),
     )
 
 
@@ -328,12 +329,16 @@ class PoolHistory:
             target = ctx.seq
             if self.fold.seq < target:
                 self.fold.on_step = lambda pool, step: self.snapshots.__setitem__(
-                    step, snapshot(self.fold.strategy, pool)
+                    step, snapshot(self.fold.strategy, pool, self.fold.domain_names())
                 )
                 self.fold.fold(load_events(s, ctx.run_pk, self.fold.seq, target))
             if self.tentative_seq != self.fold.seq:
                 found: dict[int, Snapshot] = {}
-                self.fold.replay_pending(lambda pool, step: found.__setitem__(step, snapshot(self.fold.strategy, pool)))
+                self.fold.replay_pending(
+                    lambda pool, step: found.__setitem__(
+                        step, snapshot(self.fold.strategy, pool, self.fold.domain_names())
+                    )
+                )
                 self.tentative, self.tentative_seq = found, self.fold.seq
 
     def all(self) -> dict[int, Snapshot]:
@@ -357,7 +362,7 @@ def pool_history(ctx: RunContext) -> PoolHistory:
 
 def current_pool(ctx: RunContext) -> dict[str, Any]:
     with ctx.read() as pool:
-        snap = snapshot(ctx.strategy, pool)
+        snap = snapshot(ctx.strategy, pool, ctx.domain_names())
     return {
         "prompts": int(sum(snap.states)),
         "counts": snap.counts,

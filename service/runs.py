@@ -136,7 +136,7 @@ class Runs:
             if with_state:
                 st = self.store.state(session, run)
                 with st.read() as pool:
-                    state = st.strategy.inspect(pool)
+                    state = st.strategy.inspect(pool, st.domain_names())
             out.append(
                 schemas.RunOut(
                     id=run.id,
@@ -172,4 +172,4 @@ class Runs:
     def strategy_state(self, session: Session, run: Run) -> dict[str, Any]:
         st = self.store.state(session, run)
         with st.read() as pool:
-            return st.strategy.inspect(pool)
+            return st.strategy.inspect(pool, st.domain_names())

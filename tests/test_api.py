@@ -568,6 +568,13 @@ def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_
     if run_key:
         assert run_key in run["strategy_state"]
     p = client.get("/v1/runs/run-1/prompts", params={"limit": 30}).json()["items"]
+    # Per-domain state is keyed by domain name, HMM state shares by state name.
+    domains = {x["domain"] or "(none)" for x in p} | {"(none)"}
+    for key in ("skill", "skill_sd", "arm_weights"):
+        if key in run["strategy_state"]:
+            assert isinstance(run["strategy_state"][key], dict) and set(run["strategy_state"][key]) <= domains
+    if strategy == "dps":
+        assert set(run["strategy_state"]["state_share"]) == {"unsolved", "partial", "solved"}
     assert all(set(x["strategy_estimates"]) == prompt_keys for x in p)
     if strategy == "dps":
         seen = [x for x in p if x["rollouts"]]

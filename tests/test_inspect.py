@@ -151,7 +151,7 @@ def test_strategy_state_hook_shows_per_step(client, monkeypatch):
         name = "with-state"
         description = "test strategy exposing a state"
 
-        def inspect(self, pool):
+        def inspect(self, pool, domains=None):
             return {"seen_prompts": int((pool.rollouts > 0).sum())}
 
     monkeypatch.setitem(strat.REGISTRY, "with-state", WithState)

@@ -387,12 +387,12 @@ def test_zppo_selects_with_the_requests_rollouts(monkeypatch):
 def test_dps_inspect_shows_state_shares():
     s = strat.build("dps", {})
     pool = make_pool(10, strategy="dps")
-    assert s.inspect(pool) == {"seen_prompts": 0, "state_share": [1 / 3] * 3}
+    assert s.inspect(pool) == {"seen_prompts": 0, "state_share": dict.fromkeys(("unsolved", "partial", "solved"), 1 / 3)}
     pool.observe(obs(np.arange(4), 8, np.array([0.0, 3.0, 4.0, 8.0])))  # unsolved, partial ×2, solved
     state = s.inspect(pool)
     assert state["seen_prompts"] == 4
-    assert state["state_share"] == pytest.approx([0.25, 0.5, 0.25])
-    assert sum(state["state_share"]) == pytest.approx(1.0)
+    assert state["state_share"] == pytest.approx({"unsolved": 0.25, "partial": 0.5, "solved": 0.25})
+    assert sum(state["state_share"].values()) == pytest.approx(1.0)
     assert json.loads(json.dumps(state)) == state
 
 

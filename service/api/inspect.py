@@ -234,7 +234,7 @@ def domains(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: St
     now = insp.domains_now(ctx)
     present = {d["domain"] for d in now}
     with ctx.read() as pool:
-        extra = insp.strategy_state(ctx.strategy, pool)
+        extra = insp.strategy_state(ctx.strategy, pool, ctx.domain_names())
     return {
         "domains": sorted((n for n in names if n in present), key=lambda n: (n is None, n or "")),
         "current": now,

@@ -96,12 +96,19 @@ class Strategy(Generic[P]):
         """Per-prompt estimates of this strategy's own model, for the API (arrays over idx)."""
         return {}
 
-    def inspect(self, pool: PoolState) -> dict:
+    def inspect(self, pool: PoolState, domains: list[str | None] | None = None) -> dict:
         """The strategy's run-level state, for the API (bandit weights …): the merged
-        ``inspect()`` of the pool's trackers; ``{}`` when it has none."""
+        ``inspect()`` of the pool's trackers; ``{}`` when it has none. With ``domains``
+        (the name of each domain code), a tracker's per-domain lists (its ``per_domain``
+        keys) become objects keyed by domain name ("(none)" for prompts without one)."""
         out: dict = {}
         for t in pool.trackers.values():
-            out.update(t.inspect())
+            part = t.inspect()
+            if domains is not None:
+                for key in getattr(t, "per_domain", ()):
+                    if isinstance(part.get(key), list):
+                        part[key] = {("(none)" if n is None else n): v for n, v in zip(domains, part[key])}
+            out.update(part)
         return out
 
     def extend(

@@ -315,7 +315,7 @@ class PrimeRL(Strategy[PrimeRLParams]):
             "latest_group_mean": np.where(k >= 0, np.nan_to_num(tr.latest_[idx]), -1.0),
         }
 
-    def inspect(self, pool: PoolState) -> dict:
+    def inspect(self, pool: PoolState, domains: list[str | None] | None = None) -> dict:
         p = self.params
         if p.sampler == "buffer":
             r = np.bincount(pool.tracker("buffer", Retirement).retired_[: pool.size], minlength=3)
@@ -377,7 +377,7 @@ class OpenInstruct(Strategy[OpenInstructParams]):
     def prompt_estimates(self, pool: PoolState, idx: np.ndarray, step: int) -> dict[str, np.ndarray]:
         return {"retired": pool.tracker("no_resampling", Retirement).retired_[idx].astype(np.float64)}
 
-    def inspect(self, pool: PoolState) -> dict:
+    def inspect(self, pool: PoolState, domains: list[str | None] | None = None) -> dict:
         active = pool.tracker("no_resampling", Retirement).retired_[: pool.size] == ACTIVE
         n_active = int(active.sum())
         return {

@@ -19,6 +19,9 @@ def _staleness_weight(pool: PoolState, obs: Observations) -> np.ndarray:
     return pool.staleness_decay ** obs.staleness.astype(np.float64)
 
 
+STATE_NAMES = ("unsolved", "partial", "solved")  # the HMM's states, in its order
+
+
 class SkillTracker:
     """The item-response skill/difficulty model (``irt``)."""
 
@@ -71,6 +74,8 @@ class SkillTracker:
     def latent_probs(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         return self.model.latent_probs(idx, pool.domain[idx], step)
 
+    per_domain = ("skill", "skill_sd", "prior_p_stuck", "prior_p_solved")
+
     def inspect(self) -> dict:
         D = self.model.theta_.shape[0]
         out = {"skill": self.model.theta_[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
@@ -101,7 +106,7 @@ class HMMTracker:
         seen = h.seen_[: h.size]
         count = int(seen.sum())
         share = h.belief_[: h.size][seen].mean(axis=0) if count else np.full(N_STATES, 1.0 / N_STATES)
-        return {"seen_prompts": count, "state_share": share.tolist()}
+        return {"seen_prompts": count, "state_share": dict(zip(STATE_NAMES, share.tolist()))}
 
 
 class ArmBandit:
@@ -120,6 +125,8 @@ class ArmBandit:
     def weights(self, n_domains: int) -> np.ndarray:
         self.bandit.grow(n_domains)
         return self.bandit.weights()
+
+    per_domain = ("arm_weights",)
 
     def inspect(self) -> dict:
         return {"arm_weights": self.bandit.weights().tolist()}
