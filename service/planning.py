@@ -158,8 +158,8 @@ class Planner:
                     compute_ms=compute_s * 1000.0,
                     log_seq=seq,
                 )
+                run.n_plans += 1  # flushed with the run's log position, in one UPDATE
                 repo.add_plan(s, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
-                run.n_plans += 1
                 out = plan_out(state, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
         except BaseException:
             if sealing:  # a seal applied to memory whose event did not commit: rebuild from the log

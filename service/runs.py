@@ -129,6 +129,7 @@ class Runs:
         pks = [r.pk for r in runs]
         steps = repo.step_counts(session, pks)
         hist = repo.strategy_histories(session, pks)
+        last = repo.last_report_times(session, pks)
         out = []
         for run in runs:
             cfg = run.settings
@@ -157,6 +158,7 @@ class Runs:
                         results=run.n_results,
                         rollouts=run.n_rollouts,
                         informative_rollouts=run.n_informative_rollouts,
+                        last_report_at=last.get(run.pk),
                     ),
                 )
             )

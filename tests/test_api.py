@@ -584,3 +584,14 @@ def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_
         assert seen and all(x["strategy_estimates"]["p_stuck"] == 0 == x["strategy_estimates"]["p_solved"]
                             for x in seen)
         assert "prior_p_stuck" in run["strategy_state"]
+
+
+def test_run_stats_carry_the_latest_report_time(client):
+    make_run(client, n_prompts=4)
+    assert client.get("/v1/runs/run-1").json()["stats"]["last_report_at"] is None
+    assert report(client, "r0", 0, [("set/1", [1, 0])]).status_code == 200
+    first = client.get("/v1/runs/run-1").json()["stats"]["last_report_at"]
+    assert first is not None and first.endswith("Z")
+    assert report(client, "r1", 1, [("set/2", [1, 1])]).status_code == 200
+    listed = {r["id"]: r for r in client.get("/v1/runs").json()["items"]}
+    assert listed["run-1"]["stats"]["last_report_at"] >= first

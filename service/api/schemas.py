@@ -93,6 +93,7 @@ class RunStats(BaseModel):
     results: int
     rollouts: int
     informative_rollouts: int
+    last_report_at: UtcDatetime | None = Field(None, description="When the run's latest report was committed.")
 
 
 class RunOut(BaseModel):

@@ -14,6 +14,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from ..runstate import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
 from .db import bulk_insert, copy_text
@@ -69,6 +70,18 @@ def runs_page(s: Session, after: str | None, limit: int, visible: Any = None) ->
     return list(s.scalars(q))
 
 
+def last_report_times(s: Session, run_pks: list[int]) -> dict[int, Any]:
+    """When each run's latest report (the one at ``runs.report_seq``) committed, in one query."""
+    if not run_pks:
+        return {}
+    rows = s.execute(
+        select(Report.run_pk, Report.created_at)
+        .join(Run, (Run.pk == Report.run_pk) & (Run.report_seq == Report.report_seq))
+        .where(Report.run_pk.in_(run_pks))
+    ).all()
+    return {pk: at for pk, at in rows}
+
+
 def step_counts(s: Session, run_pks: list[int]) -> dict[int, int]:
     """Distinct steps (with a plan or results) of each run, in one query."""
     if not run_pks:
@@ -105,9 +118,9 @@ def mark_step(s: Session, run_pk: int, step: int) -> None:
 
 
 def take_seq(s: Session, run: Run) -> int:
-    """The next position of the run's log (the caller holds the run's lock)."""
+    """The next position of the run's log (the caller holds the run's lock). Set on the
+    row: written by the session's flush with the row's other changes, in one UPDATE."""
     seq = run.log_seq + 1
-    s.execute(update(Run).where(Run.pk == run.pk).values(log_seq=seq).execution_options(synchronize_session=False))
     run.log_seq = seq
     return seq
 
@@ -347,11 +360,13 @@ def insert_report(
         )
         .execution_options(synchronize_session=False)
     )
-    # Mirror the SQL update on the row (detached after commit; the predictor reads it).
-    run.log_seq = run.report_seq = seq
-    run.n_results += k
-    run.n_rollouts += n_rollouts
-    run.n_informative_rollouts += n_informative
+    # Mirror the SQL update on the row (the predictor reads it) without marking it changed:
+    # the UPDATE above wrote it, a flush must not write it again.
+    for name, value in (
+        ("log_seq", seq), ("report_seq", seq), ("n_results", run.n_results + k),
+        ("n_rollouts", run.n_rollouts + n_rollouts), ("n_informative_rollouts", run.n_informative_rollouts + n_informative),
+    ):  # fmt: skip
+        set_committed_value(run, name, value)
 
 
 def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts) -> None:
