@@ -174,9 +174,19 @@ def test_run_page_charts_show_the_api_data(live, browser):
     assert '"name": "beta"' in browser.find_element("id", "config").text
     waste = browser.find_element("id", "waste").text
     assert f"{sum(t['wasted_all_solved'] for t in tl):,}" in waste
-    frontier = api(server, base + "/prompts", state="frontier", sort="predicted_pass_rate", order="desc", limit=50)
-    assert attrs(browser, "#prompts tbody tr", "data-prompt") == [p["id"] for p in frontier["items"]]
-    assert frontier["items"] and all(p["state"] == "frontier" for p in frontier["items"])
+    # The table opens on the frontier, predicted pass rate closest to 0.5 first: two API
+    # listings (p >= 0.5 ascending, p <= 0.5 descending) merged by distance from 0.5.
+    up = api(server, base + "/prompts", state="frontier", min_pass_rate=0.5, sort="predicted_pass_rate", order="asc",
+             limit=1000)["items"]
+    down = api(server, base + "/prompts", state="frontier", max_pass_rate=0.5, sort="predicted_pass_rate",
+               order="desc", limit=1000)["items"]
+    frontier = {p["id"]: p for p in up + down}
+    shown = attrs(browser, "#prompts tbody tr", "data-prompt")
+    assert len(shown) == min(50, len(frontier)) and set(shown) <= set(frontier)
+    dist = [abs(frontier[i]["predicted_pass_rate"] - 0.5) for i in shown]
+    assert dist == sorted(dist)
+    assert max(dist) <= min((abs(p["predicted_pass_rate"] - 0.5) for i, p in frontier.items() if i not in shown),
+                            default=1)
     assert_no_console_errors(browser)
 
 
@@ -209,7 +219,7 @@ def test_filter_and_click_through_to_a_prompt(live, browser):
     assert [int(r.get_attribute("data-step")) for r in rows] == [h["step"] for h in trace["history"]]
     est = series(browser, "chart-estimate")
     assert est["x"] == [h["step"] for h in trace["history"]]  # one group per step in this simulation
-    assert est["series"]["predicted pass rate"] == pytest.approx([h["predicted_pass_rate"] for h in trace["history"]])
+    assert est["series"]["Beta posterior mean"] == pytest.approx([h["predicted_pass_rate"] for h in trace["history"]])
     assert est["series"]["observed group mean"] == pytest.approx([h["mean_reward"] for h in trace["history"]])
     assert len(browser.find_elements("css selector", "#planned tbody tr")) == len(trace["planned"])
     assert trace["text"] in browser.find_element("id", "prompt-text").text

@@ -33,6 +33,11 @@ def mount(app: FastAPI) -> None:
     def runs_page() -> HTMLResponse:
         return _page("runs.html")
 
+    @app.get("/ui/compare", include_in_schema=False)
+    def compare_page() -> HTMLResponse:
+        """Runs side by side: ``/ui/compare?runs=a,b,c`` (the page reads the query)."""
+        return _page("compare.html")
+
     @app.get("/ui/runs/{run_id}", include_in_schema=False)
     def run_page(run_id: str) -> HTMLResponse:
         return _page("run.html")

@@ -63,35 +63,259 @@ const RP = (() => {
     return el("div", { class: "card", "data-card": id }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
   }
 
-  /* A uPlot line chart; x: numbers, series: [{label, values, color?, dash?, points?}]. */
+  /* A uPlot line chart; x: numbers, series: [{label, values, color?, dash?, points?, width?, smooth?}].
+   * opts: height, y (y scale options), xLabel, yLabel, log (offer a "log y" toggle), smooth
+   * (false: never smoothed).
+   * One uPlot instance per container, kept across refreshes (setData): the user's x range
+   * (zoom: drag across a chart, double-click to reset) is kept, shared by every chart of the
+   * page (and the heatmap) and kept in the URL (?steps=a..b); the cursor is linked across
+   * charts; the chart follows its container's width. data-series holds exactly the values
+   * given; with EMA smoothing on (?smooth=, the run page's slider), the smoothed values drawn
+   * are in data-smoothed and the raw ones are drawn faintly behind them. Each chart gets a
+   * CSV (its data-series) and a PNG download link. */
+  const SYNC_KEY = "rp-steps";
+  const LOG_DEFAULT = [];
+  const view = {
+    range: parseRange(params.get("steps")),
+    smooth: Math.min(0.99, Math.max(0, Number(params.get("smooth")) || 0)),
+    log: new Set(params.has("log") ? params.get("log").split(",").filter(Boolean) : LOG_DEFAULT),
+    noUnseen: params.get("unseen") === "0",
+    file: "rollplan",
+    listeners: [], // called with the new x range when it changes (heatmap, toolbar)
+  };
+  const chartArgs = {}, toolsOf = {}, heats = {};
+
+  function parseRange(s) {
+    const parts = (s || "").split("..").map(Number);
+    return parts.length === 2 && parts.every(Number.isFinite) && parts[0] < parts[1] ? parts : null;
+  }
+
+  /* Merge `upd` ({key: value | null}) into the query string without adding a history entry. */
+  function setParams(upd) {
+    const q = new URLSearchParams(location.search);
+    for (const [k, v] of Object.entries(upd)) { if (v === null || v === undefined) q.delete(k); else q.set(k, v); }
+    const s = q.toString();
+    history.replaceState(history.state, "", location.pathname + (s ? "?" + s : "") + location.hash);
+  }
+
+  /* Exponential moving average with TensorBoard's debiasing (weight w in [0, 1)); nulls stay. */
+  function ema(values, w) {
+    let last = 0, n = 0;
+    return values.map(v => {
+      if (v === null || v === undefined || !Number.isFinite(v)) return v === undefined ? null : v;
+      last = last * w + (1 - w) * v; n++;
+      return last / (1 - Math.pow(w, n));
+    });
+  }
+
+  function sameRange(a, b) {
+    if (!a || !b) return a === b;
+    const eps = 1e-6 * Math.max(1, Math.abs(a[1] - a[0]));
+    return Math.abs(a[0] - b[0]) <= eps && Math.abs(a[1] - b[1]) <= eps;
+  }
+
+  /* The page's shared x range: [min, max], or null for each chart's full data range. */
+  function setRange(r, from) {
+    if (sameRange(r, view.range)) return;
+    view.range = r;
+    setParams({ steps: r ? +r[0].toFixed(2) + ".." + +r[1].toFixed(2) : null });
+    for (const [id, ch] of Object.entries(charts)) if (id !== from) applyRange(ch);
+    for (const f of view.listeners) f(r);
+  }
+
+  function applyRange(ch) {
+    const u = ch.plot;
+    if (!u.data[0] || !u.data[0].length) return;
+    if (view.range) u.setScale("x", { min: view.range[0], max: view.range[1] });
+    else u.setData(u.data); // re-runs the auto range
+  }
+
+  /* setScale hook: a scale change that is not the shared range is the user's (drag zoom,
+   * double-click reset); it becomes the shared range. */
+  function onScale(id, u) {
+    const ch = charts[id];
+    if (!ch || ch.plot !== u) return; // still being built
+    const x = u.data[0], sc = u.scales.x;
+    if (!x || !x.length || sc.min === null || sc.min === undefined) return;
+    const r = [sc.min, sc.max];
+    if (view.range && sameRange(r, view.range)) return;
+    const full = sc.min <= x[0] + 1e-9 && sc.max >= x[x.length - 1] - 1e-9;
+    setRange(full ? null : r, id);
+  }
+
+  /* y axis width from its widest tick label, so the axis title never overlaps the ticks. */
+  function axisSize(u, values, i, cycle) {
+    const a = u.axes[i];
+    if (cycle > 1) return a._size;
+    let w = 0;
+    if (values && values.length) {
+      u.ctx.font = a.font[0];
+      for (const v of values) w = Math.max(w, u.ctx.measureText(String(v)).width);
+    }
+    return Math.ceil((a.ticks && a.ticks.show !== false ? a.ticks.size : 0) + a.gap + w / (window.devicePixelRatio || 1)) + 4;
+  }
+
+  /* The raw values behind smoothed lines, drawn faintly under the grid and series. */
+  function drawRaw(id, u) {
+    const ch = charts[id];
+    if (!ch || ch.plot !== u || !ch.smoothed) return;
+    const { left, top, width, height } = u.bbox, g = u.ctx, x = u.data[0];
+    g.save();
+    g.beginPath(); g.rect(left, top, width, height); g.clip();
+    g.globalAlpha = 0.22; g.lineWidth = Math.max(1, window.devicePixelRatio || 1);
+    ch.raw.forEach((vals, k) => {
+      if (!ch.smoothable[k] || !u.series[k + 1].show) return;
+      g.strokeStyle = ch.colors[k];
+      g.beginPath();
+      let pen = false;
+      for (let i = 0; i < x.length; i++) {
+        const v = vals[i];
+        if (v === null || v === undefined || !Number.isFinite(v)) continue;
+        const px = u.valToPos(x[i], "x", true), py = u.valToPos(v, "y", true);
+        if (pen) g.lineTo(px, py); else { g.moveTo(px, py); pen = true; }
+      }
+      g.stroke();
+    });
+    g.restore();
+  }
+
+  function csvCell(v) {
+    if (v === null || v === undefined) return "";
+    const s = String(v);
+    return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+  }
+  function toCSV(rows) { return rows.map(r => r.map(csvCell).join(",")).join("\n") + "\n"; }
+  const csvHref = (rows) => "data:text/csv;charset=utf-8," + encodeURIComponent(toCSV(rows));
+
+  /* A PNG of a canvas on a white background (uPlot's canvas is transparent). */
+  function pngOf(canvas) {
+    const c = document.createElement("canvas");
+    c.width = canvas.width; c.height = canvas.height;
+    const g = c.getContext("2d");
+    g.fillStyle = "#fff"; g.fillRect(0, 0, c.width, c.height); g.drawImage(canvas, 0, 0);
+    return c.toDataURL("image/png");
+  }
+
+  const fileStem = (id) => view.file + "-" + id.replace(/^chart-/, "");
+
+  /* The row of controls above a chart: optional toggles, CSV and PNG downloads. Made once. */
+  function chartTools(id, box, toggles) {
+    let t = toolsOf[id];
+    if (t) return t;
+    const bar = el("div", { class: "chart-tools", "data-for": id });
+    t = toolsOf[id] = { bar, toggles: {} };
+    for (const tg of toggles || []) {
+      const cb = el("input", { type: "checkbox", name: tg.name, checked: tg.checked });
+      cb.addEventListener("change", () => tg.change(cb.checked));
+      const lab = el("label", { title: tg.title || "" }, cb, " " + tg.label);
+      t.toggles[tg.name] = { cb, lab };
+      bar.append(lab);
+    }
+    t.csv = el("a", { class: "dl-csv", download: fileStem(id) + ".csv", href: "#", title: "the chart's data as CSV" }, "CSV");
+    t.png = el("a", { class: "dl-png", download: fileStem(id) + ".png", href: "#", title: "the chart as a PNG image" }, "PNG");
+    t.png.addEventListener("click", () => {
+      const c = charts[id] ? charts[id].plot.ctx.canvas : box.querySelector("canvas");
+      if (c && c.width) t.png.href = pngOf(c);
+    });
+    bar.append(t.csv, t.png);
+    box.before(bar);
+    return t;
+  }
+
+  function rerender(id) { if (chartArgs[id]) lineChart(id, ...chartArgs[id]); }
+  function rerenderAll() { for (const id of Object.keys(chartArgs)) rerender(id); }
+  function setSmoothing(w) {
+    view.smooth = Math.min(0.99, Math.max(0, Number(w) || 0));
+    setParams({ smooth: view.smooth ? String(view.smooth) : null });
+    rerenderAll();
+  }
+
   function lineChart(id, x, series, opts = {}) {
     const box = document.getElementById(id);
+    if (!box) return;
+    chartArgs[id] = [x, series, opts];
     box.setAttribute("data-series", JSON.stringify({ x, series: Object.fromEntries(series.map(s => [s.label, s.values])) }));
-    const data = [x, ...series.map(s => s.values)];
-    const shape = series.map(s => s.label).join("|");
-    const prev = charts[id];
-    if (prev && prev.shape === shape) { prev.plot.setData(data); return; }
-    if (prev) prev.plot.destroy();
+    const w = opts.smooth === false ? 0 : view.smooth;
+    const smoothable = series.map(s => w > 0 && s.smooth !== false && s.points !== "only");
+    const drawn = series.map((s, i) => smoothable[i] ? ema(s.values, w) : s.values);
+    if (smoothable.some(Boolean)) {
+      const sm = {};
+      series.forEach((s, i) => { if (smoothable[i]) sm[s.label] = drawn[i]; });
+      box.setAttribute("data-smoothed", JSON.stringify({ x, weight: w, series: sm }));
+    } else box.removeAttribute("data-smoothed");
+
+    const logY = !!opts.log && view.log.has(id);
+    const t = chartTools(id, box, opts.log ? [{
+      name: "log", label: "log y", checked: logY,
+      title: "symmetric log scale (asinh): log-like for large counts, linear near 0 so zero counts stay visible",
+      change: (on) => {
+        if (on) view.log.add(id); else view.log.delete(id);
+        setParams({ log: view.log.size ? [...view.log].join(",") : null });
+        rerender(id);
+      },
+    }] : []);
+    const xLabel = opts.xLabel || "step";
+    t.csv.href = csvHref([[xLabel, ...series.map(s => s.label)], ...x.map((v, i) => [v, ...series.map(s => s.values[i])])]);
+
+    const data = [x, ...drawn];
+    const shape = series.map(s => s.label).join("|") + (logY ? "|log" : "") + "|" + xLabel;
+    const colors = series.map((s, i) => s.color || COLORS[i % COLORS.length]);
+    let ch = charts[id];
+    if (ch && ch.shape === shape && x.length) {
+      Object.assign(ch, { raw: series.map(s => s.values), smoothable, smoothed: smoothable.some(Boolean), colors });
+      ch.plot.setData(data);
+      if (view.range) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
+      return;
+    }
+    if (ch) { ch.ro.disconnect(); ch.plot.destroy(); delete charts[id]; delete box.uplot; }
     box.textContent = "";
-    if (!x.length) { box.append(el("div", { class: "empty" }, "no data yet")); delete charts[id]; return; }
-    const plot = new uPlot({
-      width: Math.max(300, box.clientWidth - 4),
-      height: opts.height || 220,
-      scales: { x: { time: false }, y: opts.y || {} },
+    if (!x.length) { box.append(el("div", { class: "empty" }, "no data yet")); return; }
+    const height = opts.height || 220;
+    // log y: asinh (log-like, but 0 stays drawable), from 0 for counts; grid lines at powers of 10.
+    const yScale = logY ? { distr: 4, asinh: 1, range: (u, mn, mx) => {
+      const r = uPlot.rangeAsinh(mn, mx, 10, true);
+      return [mn >= 0 ? 0 : r[0], Math.max(r[1], 1)];
+    } } : (opts.y || {});
+    const pow10 = (v) => v === 0 || Math.abs(Math.abs(v) - 10 ** Math.round(Math.log10(Math.abs(v)))) < 1e-9 * Math.abs(v);
+    ch = { shape, height, width: Math.max(200, Math.floor(box.clientWidth)), raw: series.map(s => s.values), smoothable,
+      smoothed: smoothable.some(Boolean), colors };
+    ch.plot = new uPlot({
+      width: ch.width,
+      height,
+      scales: { x: { time: false }, y: yScale },
+      cursor: { sync: { key: SYNC_KEY, setSeries: false }, drag: { x: true, y: false } },
       // Steps and group numbers are integers: ticks only at whole numbers.
-      axes: [{ label: opts.xLabel || "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 1e5, 1e6] },
-        { label: opts.yLabel || "" }],
-      series: [{ label: opts.xLabel || "step" }, ...series.map((s, i) => ({
+      axes: [{ label: xLabel, labelSize: 18, labelGap: 0, size: 34, gap: 4,
+        incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 1e5, 1e6] },
+      { label: opts.yLabel || "", labelSize: opts.yLabel ? 18 : 0, labelGap: 0, gap: 5, size: axisSize,
+        // (uPlot's asinh splits start below the scale's 0: leave those out)
+        ...(logY ? { filter: (u, splits) => splits.map(v => v >= u.scales.y.min && pow10(v) ? v : null),
+          ticks: { filter: (u, splits) => splits.map(v => v >= u.scales.y.min ? v : null) },
+          grid: { filter: (u, splits) => splits.map(v => v >= u.scales.y.min && pow10(v) ? v : null) } } : {}) }],
+      series: [{ label: xLabel }, ...series.map((s, i) => ({
         label: s.label,
-        stroke: s.color || COLORS[i % COLORS.length],
+        stroke: colors[i],
         width: s.width || 1.5,
         dash: s.dash,
-        points: { show: s.points !== undefined ? s.points : x.length < 60 },
+        points: { show: s.points !== undefined ? !!s.points : x.length < 60 },
         paths: s.points === "only" ? () => null : undefined,
         spanGaps: true,
       }))],
+      hooks: {
+        setScale: [(u, key) => { if (key === "x") onScale(id, u); }],
+        drawClear: [(u) => drawRaw(id, u)],
+      },
     }, data, box);
-    charts[id] = { plot, shape };
+    charts[id] = ch;
+    box.uplot = ch.plot; // for tests and the console
+    if (view.range) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
+    ch.ro = new ResizeObserver(() => {
+      const wNow = Math.max(200, Math.floor(box.clientWidth));
+      if (wNow === ch.width) return;
+      ch.width = wNow;
+      requestAnimationFrame(() => { if (charts[id] === ch) ch.plot.setSize({ width: ch.width, height }); });
+    });
+    ch.ro.observe(box);
   }
 
   /* Viridis-like colour ramp for the heatmap. */
@@ -103,33 +327,123 @@ const RP = (() => {
     return `rgb(${c[0]},${c[1]},${c[2]})`;
   }
 
-  function heatmap(id, steps, counts, edges) {
+  /* The pool's predicted pass rates per step: colour = share of the step's prompts in the bin
+   * (square-root scale, colour bar on the right), hover for the values. Follows the shared x
+   * range. extra: {unseen: never-seen prompts per step, unseenBin: the bin they sit in or null
+   * when that cannot be told from the data, unseenNote: why/how}. */
+  function heatmap(id, steps, counts, edges, extra = {}) {
     const box = document.getElementById(id);
-    box.setAttribute("data-series", JSON.stringify({ steps, counts, edges }));
+    box.setAttribute("data-series", JSON.stringify({ steps, counts, edges, unseen: extra.unseen || null }));
+    let h = heats[id];
+    if (!h) {
+      h = heats[id] = { width: 0 };
+      h.tools = chartTools(id, box, [{
+        name: "no-unseen", label: "leave out never-seen prompts", checked: view.noUnseen,
+        change: (on) => { view.noUnseen = on; setParams({ unseen: on ? "0" : null }); drawHeat(id); },
+      }]);
+      h.tip = el("div", { class: "heat-tip", hidden: true });
+      box.append(h.tip);
+      const cv = box.querySelector("canvas");
+      cv.addEventListener("mousemove", (ev) => {
+        const r = cv.getBoundingClientRect();
+        h.mouse = { x: ev.clientX - r.left, y: ev.clientY - r.top };
+        hoverHeat(id);
+      });
+      cv.addEventListener("mouseleave", () => { h.mouse = null; h.tip.hidden = true; });
+      cv.addEventListener("dblclick", () => setRange(null));
+      view.listeners.push(() => drawHeat(id));
+      h.ro = new ResizeObserver(() => {
+        const wNow = Math.max(200, Math.floor(box.clientWidth));
+        if (wNow !== h.width) requestAnimationFrame(() => drawHeat(id));
+      });
+      h.ro.observe(box);
+    }
+    h.args = { steps, counts, edges, unseen: extra.unseen || null, unseenBin: extra.unseenBin ?? null, note: extra.unseenNote || "" };
+    const tg = h.tools.toggles["no-unseen"];
+    tg.cb.disabled = h.args.unseenBin === null;
+    tg.lab.classList.toggle("disabled", tg.cb.disabled);
+    tg.lab.title = h.args.note;
+    const nb = edges.length - 1, binName = (j) => edges[j].toFixed(2) + "-" + edges[j + 1].toFixed(2);
+    h.tools.csv.href = csvHref([["step", ...Array.from({ length: nb }, (_, j) => binName(j)), "unseen"],
+      ...steps.map((s, i) => [s, ...counts[i], h.args.unseen ? h.args.unseen[i] : null])]);
+    drawHeat(id);
+  }
+
+  function drawHeat(id) {
+    const h = heats[id], box = document.getElementById(id);
+    if (!h || !h.args || !box) return;
+    const { steps, counts, edges, unseen, unseenBin } = h.args;
     const cv = box.querySelector("canvas");
-    const W = Math.max(300, box.clientWidth - 4), H = 260, L = 48, B = 28, T = 6, R = 10;
+    const W = Math.max(200, Math.floor(box.clientWidth)), H = 280, L = 56, B = 40, T = 8, R = 86;
+    h.width = W;
     const dpr = window.devicePixelRatio || 1;
     cv.width = W * dpr; cv.height = H * dpr; cv.style.width = W + "px"; cv.style.height = H + "px";
     const g = cv.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
     g.clearRect(0, 0, W, H);
     g.font = "11px system-ui, sans-serif"; g.fillStyle = "#555";
-    if (!steps.length) { g.fillText("no data yet", L, H / 2); return; }
-    const nb = edges.length - 1, pw = (W - L - R) / steps.length, ph = (H - T - B) / nb;
-    steps.forEach((st, i) => {
-      const total = counts[i].reduce((a, b) => a + b, 0) || 1;
-      counts[i].forEach((c, j) => {
-        g.fillStyle = ramp(Math.sqrt(c / total));
-        g.fillRect(L + i * pw, H - B - (j + 1) * ph, Math.ceil(pw), Math.ceil(ph));
-      });
+    h.layout = null; h.tip.hidden = true;
+    let idx = steps.map((_, i) => i);
+    if (view.range) idx = idx.filter(i => steps[i] + 0.5 >= view.range[0] && steps[i] - 0.5 <= view.range[1]);
+    box.setAttribute("data-drawn-steps", "[]");
+    if (!idx.length) { g.fillText(steps.length ? "no step in the zoomed range" : "no data yet", L, H / 2); return; }
+    const excl = view.noUnseen && unseenBin !== null && !!unseen;
+    const nb = edges.length - 1, pw = (W - L - R) / idx.length, ph = (H - T - B) / nb;
+    const cols = idx.map(i => {
+      const c = counts[i].slice();
+      let total = c.reduce((a, b) => a + b, 0);
+      if (excl) { const u = Math.min(unseen[i], c[unseenBin]); c[unseenBin] -= u; total -= u; }
+      return { step: steps[i], c, total };
     });
+    cols.forEach((col, k) => col.c.forEach((v, j) => {
+      g.fillStyle = ramp(col.total ? Math.sqrt(v / col.total) : 0);
+      g.fillRect(L + k * pw, H - B - (j + 1) * ph, Math.ceil(pw), Math.ceil(ph));
+    }));
     g.fillStyle = "#333";
+    // y: bin edges and the title
     g.textAlign = "right"; g.textBaseline = "middle";
-    for (let j = 0; j <= nb; j += Math.max(1, Math.round(nb / 5))) g.fillText(edges[j].toFixed(1), L - 4, H - B - j * ph);
+    for (let j = 0; j <= nb; j += Math.max(1, Math.round(nb / 5))) g.fillText(edges[j].toFixed(1), L - 5, H - B - j * ph);
+    g.save(); g.translate(12, T + (H - B - T) / 2); g.rotate(-Math.PI / 2); g.textAlign = "center";
+    g.fillText("predicted pass rate", 0, 0); g.restore();
+    // x: steps and the title
     g.textAlign = "center"; g.textBaseline = "top";
-    const every = Math.max(1, Math.ceil(steps.length / 12));
-    steps.forEach((st, i) => { if (i % every === 0) g.fillText(String(st), L + (i + 0.5) * pw, H - B + 4); });
-    g.save(); g.translate(12, (H - B) / 2); g.rotate(-Math.PI / 2); g.fillText("predicted pass rate", 0, 0); g.restore();
+    const every = Math.max(1, Math.ceil(cols.length / Math.max(2, Math.floor((W - L - R) / 44))));
+    cols.forEach((col, k) => { if (k % every === 0) g.fillText(String(col.step), L + (k + 0.5) * pw, H - B + 4); });
+    g.fillText(excl ? "step (never-seen prompts left out)" : "step", L + (W - L - R) / 2, H - B + 22);
+    // colour bar: share of the step's prompts, square-root scale
+    const x0 = W - R + 14, bw = 12, top = T, bot = H - B;
+    for (let y = top; y < bot; y++) { g.fillStyle = ramp(1 - (y - top) / (bot - top)); g.fillRect(x0, y, bw, 1); }
+    g.strokeStyle = "#999"; g.strokeRect(x0 + 0.5, top + 0.5, bw - 1, bot - top - 1);
+    g.fillStyle = "#333"; g.textAlign = "left"; g.textBaseline = "middle";
+    for (const s of [0, 0.01, 0.05, 0.1, 0.25, 0.5, 1]) {
+      const y = bot - Math.sqrt(s) * (bot - top);
+      g.fillRect(x0 + bw, Math.round(y), 3, 1);
+      g.fillText((100 * s) + "%", x0 + bw + 5, Math.min(bot - 5, Math.max(top + 5, y)));
+    }
+    g.save(); g.translate(W - 9, top + (bot - top) / 2); g.rotate(-Math.PI / 2); g.textAlign = "center";
+    g.fillText(excl ? "share of seen prompts" : "share of prompts", 0, 0); g.restore();
+    h.layout = { L, B, H, W, pw, ph, nb, cols, excl };
+    box.setAttribute("data-drawn-steps", JSON.stringify(cols.map(c => c.step)));
+    if (h.mouse) hoverHeat(id); // keep the tooltip through a refresh
+  }
+
+  function hoverHeat(id) {
+    const h = heats[id], lay = h && h.layout;
+    if (!lay || !h.mouse) return;
+    const mx = h.mouse.x, my = h.mouse.y;
+    const k = Math.floor((mx - lay.L) / lay.pw), j = Math.floor((lay.H - lay.B - my) / lay.ph);
+    if (k < 0 || k >= lay.cols.length || j < 0 || j >= lay.nb) { h.tip.hidden = true; return; }
+    const col = lay.cols[k], e = h.args.edges, n = col.c[j];
+    const share = col.total ? n / col.total : 0;
+    h.tip.replaceChildren(
+      el("div", {}, "step " + col.step),
+      el("div", {}, "predicted pass rate " + e[j].toFixed(2) + "–" + e[j + 1].toFixed(2)),
+      el("div", {}, fmt(n) + " of " + fmt(col.total) + (lay.excl ? " seen" : "") + " prompts (" + pct(share) + ")"));
+    Object.assign(h.tip.dataset, { step: String(col.step), bin: String(j), count: String(n), share: String(share) });
+    h.tip.hidden = false;
+    const tw = h.tip.offsetWidth, th = h.tip.offsetHeight;
+    h.tip.style.left = Math.max(0, Math.min(lay.W - tw, mx + 14)) + "px";
+    h.tip.style.top = Math.max(0, Math.min(lay.H - th, my + 14)) + "px";
   }
 
   function fillTable(id, rows) {
@@ -137,68 +451,241 @@ const RP = (() => {
     tb.replaceChildren(...rows);
   }
 
+  /* Polls fn every REFRESH seconds (?refresh=N, 0: once). fn may return a signature of the
+   * run's state (e.g. its stats); then the status says "live" while it changed within the
+   * last LIVE_WINDOW refreshes, "idle" after that, and "finished" once it has not changed for
+   * STOP_AFTER refreshes (?stop=N), when polling stops; it resumes when the page regains
+   * focus or on the refresh button. "live" and "idle" are judged by the changes this page
+   * saw; the server's time of the latest report (a run's stats.last_report_at) is shown too. */
+  const LIVE_WINDOW = 3;
+  const STOP_AFTER = params.has("stop") ? Math.max(1, Number(params.get("stop")) || 12) : 12;
   function schedule(fn) {
-    const tick = async () => {
-      try { await fn(); status(REFRESH > 0 ? "live · refreshed " + new Date().toLocaleTimeString() : "loaded"); }
-      catch (e) { status(String(e.message || e), true); }
-      document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
-      if (REFRESH > 0) setTimeout(tick, REFRESH * 1000);
+    const st = document.getElementById("status");
+    const opened = Date.now();
+    let timer = null, busy = false, again = false, sig, lastChange = null, lastOk = null, unchanged = 0, stopped = false, error = null;
+    let latest = null;  // what fn returned last (a run's stats carry last_report_at)
+    const ago = (t) => {
+      const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+      return s < 120 ? s + " s" : s < 7200 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
     };
-    tick();
-  }
-
-  // -- runs page ----------------------------------------------------------------------
-  async function runsPage() {
-    let cursor = null;
-    const more = document.getElementById("more-runs");
-    async function load(append) {
-      const page = await api("/v1/runs?limit=100" + (append && cursor ? "&cursor=" + encodeURIComponent(cursor) : ""));
-      const rows = page.items.map(r => el("tr", { "data-run": r.id },
-        el("td", {}, el("a", { href: "/ui/runs/" + encodeURIComponent(r.id) }, r.id)),
-        el("td", {}, r.strategy.name), el("td", {}, fmt(r.stats.prompts)), el("td", {}, fmt(r.stats.steps)),
-        el("td", {}, fmt(r.stats.rollouts)),
-        el("td", {}, r.stats.rollouts ? pct(r.stats.informative_rollouts / r.stats.rollouts) : "–"),
-        el("td", {}, new Date(r.created_at).toLocaleString())));
-      const tb = document.querySelector("#runs tbody");
-      if (append) tb.append(...rows); else tb.replaceChildren(...rows);
-      cursor = page.next_cursor; more.hidden = !cursor;
+    function show() {
+      if (!st) return;
+      if (error) { status(error, true); st.dataset.state = "error"; return; }
+      if (lastOk === null) return;
+      let state, text;
+      if (REFRESH <= 0) { state = "static"; text = "loaded " + new Date(lastOk).toLocaleTimeString() + " · auto-refresh off"; }
+      else if (sig === undefined) { state = "polling"; text = "live · refreshed " + new Date(lastOk).toLocaleTimeString(); }
+      else if (lastChange !== null && Date.now() - lastChange <= LIVE_WINDOW * REFRESH * 1000) {
+        state = "live"; text = "live · last new report seen " + ago(lastChange) + " ago";
+      } else {
+        state = stopped ? "finished" : "idle";
+        text = state + " · " + (lastChange !== null ? "no new reports for " + ago(lastChange)
+          : "no new reports in the " + ago(opened) + " since this page opened") + (stopped ? " · polling stopped" : "");
+      }
+      // The server's time of the run's latest report, when the page's data carries it.
+      if (latest && latest.last_report_at) text += " · last report committed " + ago(Date.parse(latest.last_report_at)) + " ago";
+      else if (latest && "last_report_at" in latest) text += " · no report yet";
+      status(text, false);
+      st.dataset.state = state;
+      st.title = "Times are of changes this page saw in the run's stats (checked every " + REFRESH + " s); "
+        + "polling stops after " + STOP_AFTER + " checks without a change and resumes on focus or refresh.";
     }
-    more.onclick = () => load(true);
-    schedule(() => load(false));
+    async function tick() {
+      clearTimeout(timer); timer = null;
+      if (busy) { again = true; return; }
+      busy = true;
+      try {
+        const s = await fn();
+        error = null; lastOk = Date.now();
+        latest = s && typeof s === "object" ? s : null;
+        if (s !== undefined) {
+          const k = typeof s === "string" ? s : JSON.stringify(s);
+          if (sig !== undefined) { if (k !== sig) { lastChange = Date.now(); unchanged = 0; } else unchanged++; }
+          sig = k;
+        }
+      } catch (e) { error = String(e.message || e); }
+      busy = false;
+      document.body.dataset.loaded = String(Number(document.body.dataset.loaded || 0) + 1);
+      stopped = REFRESH > 0 && sig !== undefined && unchanged >= STOP_AFTER;
+      if (st) st.dataset.polling = String(REFRESH > 0 && !stopped);
+      show();
+      if (again) { again = false; tick(); return; }
+      if (REFRESH > 0 && !stopped) timer = setTimeout(tick, REFRESH * 1000);
+    }
+    function resume() { if (stopped) { stopped = false; unchanged = 0; } tick(); }
+    window.addEventListener("focus", () => { if (stopped) resume(); });
+    document.addEventListener("visibilitychange", () => { if (!document.hidden && stopped) resume(); });
+    const btn = document.getElementById("refresh-now");
+    if (btn) btn.addEventListener("click", resume);
+    if (REFRESH > 0) setInterval(show, 1000);
+    tick();
   }
 
   // -- run page -----------------------------------------------------------------------
   function runIdFromPath() { return decodeURIComponent(location.pathname.split("/")[3]); }
 
+  /* The prompts table's filters; in the URL (names as in the API) where they differ from these. */
+  const PROMPT_DEFAULTS = { domain: "", state: "frontier", min_pass_rate: "", max_pass_rate: "", sort: "near_half", order: "desc" };
+  const PROMPT_KEYS = Object.keys(PROMPT_DEFAULTS);
+
+  /* One sorted listing of /prompts, read page by page as rows are taken. */
+  function promptStream(base, q) {
+    let buf = [], cursor = null, done = false;
+    return {
+      async peek() {
+        while (!buf.length && !done) {
+          const qq = new URLSearchParams(q);
+          if (cursor) qq.set("cursor", cursor);
+          const page = await api(base + "/prompts?" + qq);
+          buf = page.items; cursor = page.next_cursor; done = !cursor;
+        }
+        return buf[0];
+      },
+      shift() { return buf.shift(); },
+      get more() { return buf.length > 0 || !done; },
+    };
+  }
+
+  /* Rows for the filters. sort "near_half": predicted pass rate closest to 0.5 first — the API
+   * sorts by one key, so two listings (p ≥ 0.5 ascending, p ≤ 0.5 descending) are merged. */
+  function promptSource(base, f) {
+    const q = new URLSearchParams({ limit: "50" });
+    for (const k of ["domain", "state", "min_pass_rate", "max_pass_rate"]) if (f[k] !== "") q.set(k, f[k]);
+    if (f.sort !== "near_half") {
+      q.set("sort", f.sort); q.set("order", f.order || "asc");
+      const s = promptStream(base, q);
+      return {
+        async take(n) { const out = []; while (out.length < n && await s.peek()) out.push(s.shift()); return out; },
+        get more() { return s.more; },
+      };
+    }
+    const lo = f.min_pass_rate === "" ? 0 : Number(f.min_pass_rate), hi = f.max_pass_rate === "" ? 1 : Number(f.max_pass_rate);
+    const up = new URLSearchParams(q), down = new URLSearchParams(q);
+    up.set("min_pass_rate", String(Math.max(0.5, lo))); up.set("sort", "predicted_pass_rate"); up.set("order", "asc");
+    down.set("max_pass_rate", String(Math.min(0.5, hi))); down.set("sort", "predicted_pass_rate"); down.set("order", "desc");
+    const a = hi >= 0.5 ? promptStream(base, up) : null, b = lo <= 0.5 ? promptStream(base, down) : null;
+    const taken = new Set();
+    return {
+      async take(n) {
+        const out = [];
+        while (out.length < n) {
+          const pa = a ? await a.peek() : undefined, pb = b ? await b.peek() : undefined;
+          if (!pa && !pb) break;
+          const useA = pa && (!pb || Math.abs(pa.predicted_pass_rate - 0.5) <= Math.abs(pb.predicted_pass_rate - 0.5));
+          const p = useA ? a.shift() : b.shift();
+          if (!taken.has(p.id)) { taken.add(p.id); out.push(p); }
+        }
+        return out;
+      },
+      get more() { return !!((a && a.more) || (b && b.more)); },
+    };
+  }
+
+  /* Which bin the never-seen prompts sit in, if the data says so. The histogram bins every
+   * prompt and gives only the number of unseen ones per step, not their bin; they can be left
+   * out only when all of them share one predicted pass rate (their prior), read off the
+   * currently unseen prompts, and every step's histogram has at least that many in its bin. */
+  function unseenBin(hist, unseenNow) {
+    const h = hist.items, nb = hist.edges.length - 1;
+    if (!h.some(s => s.states.unseen > 0)) return { bin: null, note: "no step has never-seen prompts" };
+    if (!unseenNow.items.length) {
+      return { bin: null, note: "not possible from the data: no prompt is unseen now, so the bin the earlier never-seen prompts sat in is unknown (the histogram API does not bin them separately)" };
+    }
+    const ps = new Set(unseenNow.items.map(p => p.predicted_pass_rate));
+    if (ps.size !== 1) {
+      return { bin: null, note: "not possible from the data: never-seen prompts have different predicted pass rates (per-prompt priors or a strategy that predicts them), and the histogram API does not bin them separately" };
+    }
+    const p0 = [...ps][0];
+    const bin = Math.floor(Math.min(Math.floor(p0 * 100), 99) / (100 / nb)); // the server's binning
+    if (h.some(s => s.counts[bin] < s.states.unseen)) {
+      return { bin: null, note: "not possible from the data: the never-seen prompts were not all in one bin at every step" };
+    }
+    return { bin, note: "approximate: assumes never-seen prompts sit at their prior prediction " + fmt(p0) + " (bin "
+      + hist.edges[bin].toFixed(2) + "–" + hist.edges[bin + 1].toFixed(2) + ") at every step, as the currently unseen ones do; the histogram API does not bin them separately" };
+  }
+
   async function runPage() {
     const runId = runIdFromPath();
     const base = "/v1/runs/" + encodeURIComponent(runId);
     document.getElementById("run-id").textContent = runId;
+    document.getElementById("compare-with").href = "/ui/?select=" + encodeURIComponent(runId);
     document.title = "Rollplan — " + runId;
-    let promptCursor = null, domainsKnown = "";
+    view.file = runId.replace(/[^\w.-]+/g, "_");
+    let domainsKnown = "";
+
+    // -- toolbar: smoothing, zoom, reward-log export ------------------------------------------
+    const smooth = document.getElementById("smooth"), smoothOut = document.getElementById("smooth-value");
+    smooth.value = String(view.smooth); smoothOut.textContent = view.smooth.toFixed(2);
+    smooth.addEventListener("input", () => { smoothOut.textContent = Number(smooth.value).toFixed(2); setSmoothing(smooth.value); });
+    const resetZoom = document.getElementById("reset-zoom");
+    resetZoom.addEventListener("click", () => setRange(null));
+    function showRange() {
+      const r = view.range;
+      resetZoom.hidden = !r;
+      document.getElementById("zoom-note").textContent = r
+        ? "steps " + fmt(r[0], 1) + "–" + fmt(r[1], 1) + " (zoomed; double-click a chart to reset)"
+        : "drag across a chart to zoom into steps";
+      for (const f of ["ndjson", "csv"]) {
+        const q = new URLSearchParams({ format: f });
+        if (r) { q.set("step_from", String(Math.max(0, Math.ceil(r[0])))); q.set("step_to", String(Math.max(0, Math.floor(r[1])))); }
+        const a = document.getElementById("export-" + f);
+        a.href = base + "/export?" + q;
+        a.title = "the run's reward log as " + f.toUpperCase() + (r ? ", zoomed steps only" : "");
+      }
+      document.getElementById("export-range").textContent = r ? "(steps " + Math.max(0, Math.ceil(r[0])) + "–" + Math.max(0, Math.floor(r[1])) + ")" : "(all steps)";
+    }
+    view.listeners.push(showRange);
+    showRange();
+
+    // -- prompts table: filters in the URL ----------------------------------------------------
+    const pform = document.getElementById("prompt-filter");
+    const more = document.getElementById("more-prompts");
+    let source = null, promptsComplete = false;
+    function syncOrder() { pform.elements.order.disabled = pform.elements.sort.value === "near_half"; }
+    function readForm() {
+      const f = {};
+      for (const k of PROMPT_KEYS) f[k] = pform.elements[k] ? pform.elements[k].value : PROMPT_DEFAULTS[k];
+      return f;
+    }
+    let filters = { ...PROMPT_DEFAULTS };
+    for (const k of PROMPT_KEYS) if (params.has(k)) filters[k] = params.get(k);
+    for (const k of PROMPT_KEYS) {
+      const inp = pform.elements[k];
+      if (!inp || k === "domain") continue; // the domain's options come with the first refresh
+      inp.value = filters[k];
+      if (inp.value !== filters[k]) inp.value = filters[k] = PROMPT_DEFAULTS[k]; // not an option: default
+    }
+    syncOrder();
+    pform.elements.sort.addEventListener("change", syncOrder);
 
     async function loadPrompts(append) {
-      const f = new FormData(document.getElementById("prompt-filter"));
-      const q = new URLSearchParams({ limit: "50" });
-      for (const [k, v] of f.entries()) if (v !== "") q.set(k, v);
-      if (append && promptCursor) q.set("cursor", promptCursor);
-      const page = await api(base + "/prompts?" + q);
-      const rows = page.items.map(p => el("tr", { "data-prompt": p.id },
+      if (!append || !source) source = promptSource(base, filters);
+      const items = await source.take(50);
+      const rows = items.map(p => el("tr", { "data-prompt": p.id },
         el("td", {}, el("a", { href: "/ui/runs/" + encodeURIComponent(runId) + "/prompts/" + encodeURIComponent(p.id) }, p.id)),
         el("td", {}, p.domain ?? "–"), el("td", {}, el("span", { class: "state " + p.state }, p.state)),
         el("td", {}, fmt(p.predicted_pass_rate)), el("td", {}, fmt(p.rollouts)), el("td", {}, fmt(p.mean_reward)),
         el("td", {}, p.last_step ?? "–")));
       const tb = document.querySelector("#prompts tbody");
-      if (append) tb.append(...rows); else tb.replaceChildren(...rows);
-      promptCursor = page.next_cursor;
-      document.getElementById("more-prompts").hidden = !promptCursor;
+      if (append) tb.append(...rows);
+      else tb.replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty-row" }, el("td", { colSpan: 7 }, "no prompts match"))]));
+      promptsComplete = !source.more;
+      more.hidden = promptsComplete;
     }
-    document.getElementById("prompt-filter").onsubmit = (ev) => { ev.preventDefault(); loadPrompts(false).catch(e => status(e.message, true)); };
-    document.getElementById("more-prompts").onclick = () => loadPrompts(true).catch(e => status(e.message, true));
+    pform.onsubmit = (ev) => {
+      ev.preventDefault();
+      filters = readForm();
+      const upd = {};
+      for (const k of PROMPT_KEYS) upd[k] = filters[k] === PROMPT_DEFAULTS[k] ? null : filters[k];
+      setParams(upd);
+      loadPrompts(false).catch(e => status(e.message, true));
+    };
+    more.onclick = () => loadPrompts(true).catch(e => status(e.message, true));
 
     async function refresh() {
-      const [run, tl, hist, dom] = await Promise.all([
+      const [run, tl, hist, dom, unseenNow] = await Promise.all([
         api(base), apiAll(base + "/timeline"), apiAll(base + "/pass-rate-histogram?bins=20"), apiAll(base + "/domains"),
+        api(base + "/prompts?state=unseen&limit=100"),
       ]);
       const t = tl.items, steps = t.map(s => s.step);
       const sum = (k) => t.reduce((a, s) => a + (s[k] || 0), 0);
@@ -220,7 +707,7 @@ const RP = (() => {
         { label: "informative", values: t.map(s => s.informative_rollouts), color: "#3ca951" },
         { label: "wasted: all solved", values: t.map(s => s.wasted_all_solved), color: "#efb118" },
         { label: "wasted: all failed", values: t.map(s => s.wasted_all_failed), color: "#ff725c" },
-      ], { yLabel: "rollouts" });
+      ], { yLabel: "rollouts", log: true });
       lineChart("chart-reward", steps, [
         { label: "mean reward", values: t.map(s => s.mean_reward) },
         { label: "effective ratio", values: t.map(s => s.effective_ratio), color: "#3ca951" },
@@ -234,11 +721,13 @@ const RP = (() => {
         { label: "compute ms", values: t.map(s => s.plan ? s.plan.compute_ms : null), color: "#ff8ab7" },
       ], { yLabel: "ms" });
 
-      const h = hist.items;
-      heatmap("heatmap", h.map(s => s.step), h.map(s => s.counts), hist.edges);
+      const h = hist.items, ub = unseenBin(hist, unseenNow);
+      heatmap("heatmap", h.map(s => s.step), h.map(s => s.counts), hist.edges,
+        { unseen: h.map(s => s.states.unseen), unseenBin: ub.bin, unseenNote: ub.note });
       const states = ["unseen", "unsolved", "frontier", "solved"];
       const stateColors = { unseen: "#9498a0", unsolved: "#ff725c", frontier: "#3ca951", solved: "#4269d0" };
-      lineChart("chart-states", h.map(s => s.step), states.map(k => ({ label: k, values: h.map(s => s.states[k]), color: stateColors[k] })), { yLabel: "prompts" });
+      lineChart("chart-states", h.map(s => s.step), states.map(k => ({ label: k, values: h.map(s => s.states[k]), color: stateColors[k] })),
+        { yLabel: "prompts", log: true });
 
       const names = dom.domains;
       const dsteps = dom.items.filter(s => s.domains.some(d => d.batch_share !== null));
@@ -253,8 +742,9 @@ const RP = (() => {
       const known = JSON.stringify(names);
       if (known !== domainsKnown) {
         domainsKnown = known;
-        const sel = document.querySelector("#prompt-filter select[name=domain]");
+        const sel = pform.elements.domain;
         sel.replaceChildren(el("option", { value: "" }, "any"), ...names.filter(n => n !== null).map(n => el("option", { value: n }, n)));
+        sel.value = filters.domain;
       }
 
       const total = sum("rollouts"), inf = sum("informative_rollouts");
@@ -270,8 +760,10 @@ const RP = (() => {
       document.getElementById("config").textContent = JSON.stringify(cfg, null, 2);
       document.getElementById("strategy-state").textContent = Object.keys(hist.current.strategy_state).length
         ? JSON.stringify(hist.current.strategy_state, null, 2) : "(this strategy exposes no extra state)";
-      if (!document.querySelector("#prompts tbody tr") || !promptCursor) await loadPrompts(false);
+      // The table is re-read while it shows every match (not after "more" was used).
+      if (!source || promptsComplete) await loadPrompts(false);
       if (!qualityLoaded) { qualityLoaded = true; fillQualityDomains(names); await loadQuality(); }
+      return run.stats;
     }
 
     // -- data quality: loaded once and on "apply" (it reads the whole pool) -----------------
@@ -316,17 +808,22 @@ const RP = (() => {
     const parts = location.pathname.split("/");
     const runId = decodeURIComponent(parts[3]);
     const promptId = decodeURIComponent(parts.slice(5).join("/"));
+    const runBase = "/v1/runs/" + encodeURIComponent(runId);
     const link = document.getElementById("run-link");
     link.textContent = runId; link.href = "/ui/runs/" + encodeURIComponent(runId);
     document.getElementById("prompt-id").textContent = promptId;
     document.title = "Rollplan — " + promptId;
+    view.file = (runId + "-" + promptId).replace(/[^\w.-]+/g, "_");
 
     async function refresh() {
-      const p = await api("/v1/runs/" + encodeURIComponent(runId) + "/prompt-history/" + encodeURIComponent(promptId));
+      const [run, p] = await Promise.all([api(runBase), api(runBase + "/prompt-history/" + encodeURIComponent(promptId))]);
       const a = p.posterior.alpha, b = p.posterior.beta;
+      // Two different numbers: the strategy's prediction (what plans use, and the prompt's
+      // state) and the per-prompt Beta posterior mean (the chart and the history table).
       document.getElementById("cards").replaceChildren(
         card("domain", p.domain ?? "–", "domain"), card("state", p.state, "state"),
-        card("predicted pass rate", fmt(p.predicted_pass_rate), "predicted"),
+        card("predicted pass rate (strategy)", fmt(p.predicted_pass_rate), "predicted"),
+        card("Beta posterior mean", fmt(a / (a + b)), "posterior-mean"),
         card("posterior", "Beta(" + fmt(a, 2) + ", " + fmt(b, 2) + ")", "posterior"),
         card("rollouts", fmt(p.rollouts), "rollouts"), card("groups", fmt(p.groups), "groups"),
         card("mean reward", fmt(p.mean_reward), "mean"), card("last seen", p.last_step ?? "–", "last"));
@@ -337,21 +834,28 @@ const RP = (() => {
       const x = byStep ? hs.map(e => e.step) : hs.map((_, i) => i + 1);
       const sd = hs.map(e => { const s = e.posterior.alpha + e.posterior.beta; return Math.sqrt(e.posterior.alpha * e.posterior.beta / (s * s * (s + 1))); });
       lineChart("chart-estimate", x, [
-        { label: "predicted pass rate", values: hs.map(e => e.predicted_pass_rate), width: 2 },
+        { label: "Beta posterior mean", values: hs.map(e => e.predicted_pass_rate), width: 2 },
         { label: "− 2 sd", values: hs.map((e, i) => Math.max(0, e.predicted_pass_rate - 2 * sd[i])), color: "#97bbf5", dash: [4, 3] },
         { label: "+ 2 sd", values: hs.map((e, i) => Math.min(1, e.predicted_pass_rate + 2 * sd[i])), color: "#97bbf5", dash: [4, 3] },
         { label: "observed group mean", values: hs.map(e => e.mean_reward), color: "#ff725c", points: "only" },
-      ], { y: { range: [0, 1] }, xLabel: byStep ? "step" : "reported group #" });
+      ], { y: { range: [0, 1] }, xLabel: byStep ? "step" : "reported group #", smooth: false });
       fillTable("history", hs.map((e, i) => el("tr", { "data-step": e.step },
         el("td", {}, i + 1), el("td", {}, e.step), el("td", {}, e.report_id),
         el("td", { class: "rewards" }, e.rewards.map(r => fmt(r, 2)).join(" ")), el("td", {}, fmt(e.mean_reward)),
         el("td", {}, e.informative ? "yes" : "no"), el("td", {}, fmt(e.predicted_pass_rate)))));
       fillTable("planned", p.planned.map(e => el("tr", {}, el("td", {}, e.step), el("td", {}, e.rollouts), el("td", {}, fmt(e.predicted_pass_rate)))));
+      return run.stats;
     }
     schedule(refresh);
   }
 
-  const pages = { runs: runsPage, run: runPage, prompt: promptPage };
-  document.addEventListener("DOMContentLoaded", () => pages[document.body.dataset.page]());
-  return { api, apiAll };
+  /* Pages by body[data-page]; other scripts (runs.js, compare.js) add theirs with
+   * RP.register(name, fn), loaded after this file and before DOMContentLoaded. */
+  const pages = { run: runPage, prompt: promptPage };
+  function register(name, fn) { pages[name] = fn; }
+  document.addEventListener("DOMContentLoaded", () => {
+    const page = pages[document.body.dataset.page];
+    if (page) page(); else status("no script registered page " + JSON.stringify(document.body.dataset.page), true);
+  });
+  return { api, apiAll, el, fmt, pct, status, lineChart, schedule, register, COLORS };
 })();
