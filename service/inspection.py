@@ -293,6 +293,7 @@ def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[
 @dataclass
 class Snapshot:
     counts: np.ndarray  # fine histogram of the predicted pass rate (HIST_RESOLUTION bins)
+    seen_counts: np.ndarray  # the same over the prompts with at least one reported group
     mean: float
     states: list[int]
     strategy_state: dict[str, Any]
@@ -300,9 +301,11 @@ class Snapshot:
 
 def snapshot(strategy: Any, pool: PoolState, domains: list[str | None] | None = None) -> Snapshot:
     p = predicted(strategy, pool)
-    st = np.bincount(state_codes(pool.rollouts, p), minlength=len(STATES))
+    codes = state_codes(pool.rollouts, p)
+    st = np.bincount(codes, minlength=len(STATES))
     return Snapshot(
         counts=_fine_counts(p),
+        seen_counts=_fine_counts(p[codes != 0]),
         mean=float(p.mean()) if p.size else math.nan,
         states=st.tolist(),
         strategy_state=strategy_state(strategy, pool, domains),
@@ -366,6 +369,7 @@ def current_pool(ctx: RunContext) -> dict[str, Any]:
     return {
         "prompts": int(sum(snap.states)),
         "counts": snap.counts,
+        "seen_counts": snap.seen_counts,
         "mean_predicted_pass_rate": None if snap.mean != snap.mean else snap.mean,
         "states": dict(zip(STATES, snap.states)),
         "strategy_state": snap.strategy_state,

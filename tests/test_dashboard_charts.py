@@ -382,9 +382,11 @@ def test_heatmap_tooltip_colour_bar_and_unseen_toggle(live, browser):
     assert query(browser)["unseen"] == "0"
     unseen = heat["unseen"][i]
     assert unseen > 0
+    seen = api(server, f"/v1/runs/{sim.run_id}/pass-rate-histogram", bins=20)["items"][i]["seen_counts"]
+    assert heat["seen"][i] == seen and sum(seen) == total - unseen  # exact: the API bins the seen prompts
     tip = hover(i, j)
-    assert int(tip.get_attribute("data-count")) == heat["counts"][i][j] - unseen
-    assert float(tip.get_attribute("data-share")) == pytest.approx((heat["counts"][i][j] - unseen) / (total - unseen))
+    assert int(tip.get_attribute("data-count")) == seen[j]
+    assert float(tip.get_attribute("data-share")) == pytest.approx(seen[j] / (total - unseen))
     assert series(browser, "heatmap") == heat  # data-series unchanged
     assert_no_console_errors(browser)
 

@@ -127,8 +127,17 @@ def test_pass_rate_histogram_replays_the_log(client):
         return counts
 
     assert [h["step"] for h in items] == sorted(after_step)
+    seen_by: dict[int, set] = {}
+    for _, step, pid, _ in groups_in_order(sim):
+        seen_by.setdefault(step, set()).add(pid)
+    running: set = set()
+    for st_ in sorted(seen_by):
+        running = running | seen_by[st_]
+        seen_by[st_] = running
     for h in items:
         assert h["counts"] == hist(after_step[h["step"]].values()), h["step"]
+        # seen_counts: the same histogram over the prompts seen by then
+        assert h["seen_counts"] == hist(p for pid, p in after_step[h["step"]].items() if pid in seen_by[h["step"]])
         assert sum(h["counts"]) == SMALL["n_prompts"]
         assert h["mean_predicted_pass_rate"] == pytest.approx(sum(after_step[h["step"]].values()) / SMALL["n_prompts"])
     cur = page["current"]

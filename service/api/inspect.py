@@ -74,6 +74,7 @@ class TimelinePage(schemas.Page):
 class PoolNow(BaseModel):
     prompts: int
     counts: list[int] = Field(description="Prompts per bin of the predicted pass rate.")
+    seen_counts: list[int] = Field(description="The same over the prompts with at least one reported group.")
     mean_predicted_pass_rate: float | None
     states: dict[str, int] = Field(description="Prompts per state: unseen, unsolved, frontier, solved.")
     strategy_state: dict[str, Any] = StrategyState
@@ -82,6 +83,7 @@ class PoolNow(BaseModel):
 class HistogramStep(BaseModel):
     step: int
     counts: list[int]
+    seen_counts: list[int] = Field(description="counts over the prompts seen by then (leaves out never-seen ones).")
     mean_predicted_pass_rate: float | None
     states: dict[str, int]
     strategy_state: dict[str, Any] = StrategyState
@@ -202,6 +204,7 @@ def pass_rate_histogram(
     page, nxt = steps[:limit], (steps[limit - 1] if len(steps) > limit else None)
     now = insp.current_pool(ctx)
     now["counts"] = insp.coarsen(now["counts"], bins)
+    now["seen_counts"] = insp.coarsen(now["seen_counts"], bins)
     items = []
     for st in page:
         snap = snaps[st]
@@ -209,6 +212,7 @@ def pass_rate_histogram(
             {
                 "step": st,
                 "counts": insp.coarsen(snap.counts, bins),
+                "seen_counts": insp.coarsen(snap.seen_counts, bins),
                 "mean_predicted_pass_rate": None if snap.mean != snap.mean else snap.mean,
                 "states": dict(zip(insp.STATES, snap.states)),
                 "strategy_state": snap.strategy_state,

@@ -329,11 +329,11 @@ const RP = (() => {
 
   /* The pool's predicted pass rates per step: colour = share of the step's prompts in the bin
    * (square-root scale, colour bar on the right), hover for the values. Follows the shared x
-   * range. extra: {unseen: never-seen prompts per step, unseenBin: the bin they sit in or null
-   * when that cannot be told from the data, unseenNote: why/how}. */
+   * range. extra: {unseen: never-seen prompts per step, seen: the histogram of the prompts
+   * seen by then, per step (the API's seen_counts), used to leave the never-seen out}. */
   function heatmap(id, steps, counts, edges, extra = {}) {
     const box = document.getElementById(id);
-    box.setAttribute("data-series", JSON.stringify({ steps, counts, edges, unseen: extra.unseen || null }));
+    box.setAttribute("data-series", JSON.stringify({ steps, counts, edges, unseen: extra.unseen || null, seen: extra.seen || null }));
     let h = heats[id];
     if (!h) {
       h = heats[id] = { width: 0 };
@@ -358,11 +358,11 @@ const RP = (() => {
       });
       h.ro.observe(box);
     }
-    h.args = { steps, counts, edges, unseen: extra.unseen || null, unseenBin: extra.unseenBin ?? null, note: extra.unseenNote || "" };
+    h.args = { steps, counts, edges, unseen: extra.unseen || null, seen: extra.seen || null };
     const tg = h.tools.toggles["no-unseen"];
-    tg.cb.disabled = h.args.unseenBin === null;
+    tg.cb.disabled = !h.args.seen;
     tg.lab.classList.toggle("disabled", tg.cb.disabled);
-    tg.lab.title = h.args.note;
+    tg.lab.title = h.args.seen ? "show only the prompts with at least one reported group by each step" : "no per-step histogram of seen prompts";
     const nb = edges.length - 1, binName = (j) => edges[j].toFixed(2) + "-" + edges[j + 1].toFixed(2);
     h.tools.csv.href = csvHref([["step", ...Array.from({ length: nb }, (_, j) => binName(j)), "unseen"],
       ...steps.map((s, i) => [s, ...counts[i], h.args.unseen ? h.args.unseen[i] : null])]);
@@ -372,7 +372,7 @@ const RP = (() => {
   function drawHeat(id) {
     const h = heats[id], box = document.getElementById(id);
     if (!h || !h.args || !box) return;
-    const { steps, counts, edges, unseen, unseenBin } = h.args;
+    const { steps, counts, edges, seen } = h.args;
     const cv = box.querySelector("canvas");
     const W = Math.max(200, Math.floor(box.clientWidth)), H = 280, L = 56, B = 40, T = 8, R = 86;
     h.width = W;
@@ -387,12 +387,11 @@ const RP = (() => {
     if (view.range) idx = idx.filter(i => steps[i] + 0.5 >= view.range[0] && steps[i] - 0.5 <= view.range[1]);
     box.setAttribute("data-drawn-steps", "[]");
     if (!idx.length) { g.fillText(steps.length ? "no step in the zoomed range" : "no data yet", L, H / 2); return; }
-    const excl = view.noUnseen && unseenBin !== null && !!unseen;
+    const excl = view.noUnseen && !!seen;
     const nb = edges.length - 1, pw = (W - L - R) / idx.length, ph = (H - T - B) / nb;
     const cols = idx.map(i => {
-      const c = counts[i].slice();
-      let total = c.reduce((a, b) => a + b, 0);
-      if (excl) { const u = Math.min(unseen[i], c[unseenBin]); c[unseenBin] -= u; total -= u; }
+      const c = (excl ? seen[i] : counts[i]).slice();
+      const total = c.reduce((a, b) => a + b, 0);
       return { step: steps[i], c, total };
     });
     cols.forEach((col, k) => col.c.forEach((v, j) => {
@@ -581,29 +580,6 @@ const RP = (() => {
     };
   }
 
-  /* Which bin the never-seen prompts sit in, if the data says so. The histogram bins every
-   * prompt and gives only the number of unseen ones per step, not their bin; they can be left
-   * out only when all of them share one predicted pass rate (their prior), read off the
-   * currently unseen prompts, and every step's histogram has at least that many in its bin. */
-  function unseenBin(hist, unseenNow) {
-    const h = hist.items, nb = hist.edges.length - 1;
-    if (!h.some(s => s.states.unseen > 0)) return { bin: null, note: "no step has never-seen prompts" };
-    if (!unseenNow.items.length) {
-      return { bin: null, note: "not possible from the data: no prompt is unseen now, so the bin the earlier never-seen prompts sat in is unknown (the histogram API does not bin them separately)" };
-    }
-    const ps = new Set(unseenNow.items.map(p => p.predicted_pass_rate));
-    if (ps.size !== 1) {
-      return { bin: null, note: "not possible from the data: never-seen prompts have different predicted pass rates (per-prompt priors or a strategy that predicts them), and the histogram API does not bin them separately" };
-    }
-    const p0 = [...ps][0];
-    const bin = Math.floor(Math.min(Math.floor(p0 * 100), 99) / (100 / nb)); // the server's binning
-    if (h.some(s => s.counts[bin] < s.states.unseen)) {
-      return { bin: null, note: "not possible from the data: the never-seen prompts were not all in one bin at every step" };
-    }
-    return { bin, note: "approximate: assumes never-seen prompts sit at their prior prediction " + fmt(p0) + " (bin "
-      + hist.edges[bin].toFixed(2) + "–" + hist.edges[bin + 1].toFixed(2) + ") at every step, as the currently unseen ones do; the histogram API does not bin them separately" };
-  }
-
   async function runPage() {
     const runId = runIdFromPath();
     const base = "/v1/runs/" + encodeURIComponent(runId);
@@ -683,9 +659,8 @@ const RP = (() => {
     more.onclick = () => loadPrompts(true).catch(e => status(e.message, true));
 
     async function refresh() {
-      const [run, tl, hist, dom, unseenNow] = await Promise.all([
+      const [run, tl, hist, dom] = await Promise.all([
         api(base), apiAll(base + "/timeline"), apiAll(base + "/pass-rate-histogram?bins=20"), apiAll(base + "/domains"),
-        api(base + "/prompts?state=unseen&limit=100"),
       ]);
       const t = tl.items, steps = t.map(s => s.step);
       const sum = (k) => t.reduce((a, s) => a + (s[k] || 0), 0);
@@ -721,9 +696,9 @@ const RP = (() => {
         { label: "compute ms", values: t.map(s => s.plan ? s.plan.compute_ms : null), color: "#ff8ab7" },
       ], { yLabel: "ms" });
 
-      const h = hist.items, ub = unseenBin(hist, unseenNow);
+      const h = hist.items;
       heatmap("heatmap", h.map(s => s.step), h.map(s => s.counts), hist.edges,
-        { unseen: h.map(s => s.states.unseen), unseenBin: ub.bin, unseenNote: ub.note });
+        { unseen: h.map(s => s.states.unseen), seen: h.map(s => s.seen_counts) });
       const states = ["unseen", "unsolved", "frontier", "solved"];
       const stateColors = { unseen: "#9498a0", unsolved: "#ff725c", frontier: "#3ca951", solved: "#4269d0" };
       lineChart("chart-states", h.map(s => s.step), states.map(k => ({ label: k, values: h.map(s => s.states[k]), color: stateColors[k] })),
