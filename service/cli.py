@@ -16,6 +16,13 @@ except ImportError:  # the light client install has no CLI
 def main() -> None:
     if not HAVE_TYPER:
         sys.exit("rollplan: the server is not installed; pip install 'rollplan[server]'")
+    argv = sys.argv[1:]
+    if len(argv) >= 3 and argv[0] == "bench" and argv[1] in BENCHMARKS and ({"-h", "--help"} & set(argv[2:])):
+        # `rollplan bench NAME --help`: NAME's own options, not the wrapper's.
+        import importlib
+
+        importlib.import_module(BENCHMARKS[argv[1]]).main(argv[2:])
+        return
     _app()()
 
 

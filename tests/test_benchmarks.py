@@ -140,6 +140,17 @@ def test_cli_knows_the_benchmarks():
     assert set(BENCHMARKS) >= {"learner", "sim", "speed"}
 
 
+def test_bench_name_help_shows_the_benchmarks_own_options():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys; from rollplan.service.cli import main; "
+                          "sys.argv = ['rollplan', 'bench', 'sim', '--help']; main()"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--prompts" in out.stdout and "--broken" in out.stdout  # sim's options, not the wrapper's
+
+
 def test_rollouts_to_target_and_auto_target():
     pytest.importorskip("torch")
     from rollplan.benchmarks import learner, sim
