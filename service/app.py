@@ -10,25 +10,55 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api import inspect, keys, predictor, quality, v1
-from .api.deps import add_raw_body_schemas
+from .api.deps import add_raw_body_schemas, auth_enabled, keyless_security
 from .config import Settings
 from .engine import Engine
 from .errors import RollplanError, TooLarge, problem_body
 from .metrics import Metrics
+from .scheduling import strategies as strat
 from .storage import migrate
 from .storage.db import make_engine, make_sessionmaker
 from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
+OPENAPI_URL = "/openapi.json"
+# Swagger UI and ReDoc, vendored with their licences in ui/static/apidocs/ (see its
+# README.md) and served by the dashboard's StaticFiles mount: no CDN.
+DOCS_ASSETS = "/ui/static/apidocs"
+# ReDoc's side menu always shows its maker's logo from their CDN (no option turns it
+# off). Before the bundle runs, an image source on another origin is set empty instead:
+# no request leaves the page, and ReDoc drops the image (its onError). The vendored
+# bundle stays as published.
+_REDOC_NO_REMOTE_IMAGES = """<script>
+(function () {
+  function local(value) {
+    var remote = /^(https?:)?\\/\\//i.test(value) && new URL(value, location.href).origin !== location.origin;
+    return remote ? "" : value;
+  }
+  var setAttribute = Element.prototype.setAttribute;
+  Element.prototype.setAttribute = function (name, value) {
+    var img = this instanceof HTMLImageElement && String(name).toLowerCase() === "src";
+    return setAttribute.call(this, name, img ? local(String(value)) : value);
+  };
+  var src = Object.getOwnPropertyDescriptor(HTMLImageElement.prototype, "src");
+  Object.defineProperty(HTMLImageElement.prototype, "src", {
+    configurable: true, enumerable: src.enumerable, get: src.get,
+    set: function (value) { src.set.call(this, local(String(value))); }
+  });
+})();
+</script>
+"""
 
 
 def _problem(status: int, title: str, detail: str, errors=None, headers=None) -> JSONResponse:
@@ -42,6 +72,29 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+def allowed_methods(routes: list[BaseRoute], scope: Scope) -> str:
+    """The ``Allow`` header of a 405: every method some route answers on this path, not
+    only those of the first route that matched it (Starlette's own answer). Asks each
+    route (``BaseRoute.matches``, FastAPI's included routers too) with the method swapped;
+    mounts are left out (they take any method, and answer their own 405)."""
+    allowed = []
+    for method in _METHODS:
+        probe = {
+            "type": "http",
+            "method": method,
+            "path": scope["path"],
+            "root_path": scope.get("root_path", ""),
+            "headers": [],
+            "query_string": b"",
+        }
+        if any(not isinstance(r, Mount) and r.matches(dict(probe))[0] == Match.FULL for r in routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 class BodyLimit:
@@ -147,9 +200,65 @@ def limits_description(settings: Settings) -> str:
         "Errors are `application/problem+json` (RFC 9457). When the server has API keys, every `/v1` "
         "call needs `Authorization: Bearer <key>` with the scope the call needs (GET: read; other "
         "methods: write; `/v1/keys`: admin): 401 without a valid key, 403 for a missing scope or a "
-        "run the key is not bound to.\n\n"
+        "run the key is not bound to. A server without keys (none in its settings, none made) "
+        "answers every call without one, until the first key is made (`POST /v1/keys` or "
+        "`rollplan keys create`): auth is on from then on. `/openapi.json` tells the mode the "
+        "server is in: while it has no keys, the operations' `security` also lists the empty "
+        "requirement `{}` (no key needed).\n\n"
         "### Limits of this server\n\n| What | Limit | Above it |\n| --- | --- | --- |\n" + table
     )
+
+
+def add_server_facts(openapi: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """What the request schemas cannot know until this server is configured: its
+    single-value limits as ``maximum`` (refused with 413, as the limits table says;
+    limits that depend on the run — a default budget, batch_size × rollout range — stay
+    in the descriptions) and the strategies it has, with their parameters."""
+    comps = openapi["components"]["schemas"]
+    for model, field, limit in (
+        ("PlanIn", "batch_size", settings.max_batch_size),
+        ("PlanIn", "rollout_budget", settings.max_rollout_budget),
+        ("ExtendIn", "extra_budget", settings.max_rollout_budget),
+    ):
+        prop = comps[model]["properties"][field]
+        for branch in prop.get("anyOf", [prop]):
+            if branch.get("type") == "integer":
+                branch["maximum"] = limit
+    comps["StrategySpec"] = strategy_spec_schema(comps, comps["StrategySpec"])
+    return openapi
+
+
+def strategy_spec_schema(comps: dict[str, Any], generic: dict[str, Any]) -> dict[str, Any]:
+    """``StrategySpec`` as one of this server's strategies, each name with its own
+    parameter schema (what ``GET /v1/strategies`` lists), instead of any name with any
+    object. The parameter schemas go into the components as ``Strategy_<name>_Params``."""
+    variants = []
+    for name in sorted(strat.REGISTRY):
+        prefix = f"Strategy_{name}"
+        params = strat.REGISTRY[name].Params.model_json_schema(ref_template=f"#/components/schemas/{prefix}_{{model}}")
+        for sub, sch in params.pop("$defs", {}).items():
+            comps[f"{prefix}_{sub}"] = sch
+        comps[f"{prefix}_Params"] = params
+        name_schema = {"const": name, "description": generic["properties"]["name"].get("description", "")}
+        variants.append(
+            {
+                "type": "object",
+                "title": name,
+                "additionalProperties": False,
+                "properties": {
+                    "name": {**name_schema, "default": name} if name == "default" else name_schema,
+                    "params": {"$ref": f"#/components/schemas/{prefix}_Params"},
+                },
+                # Without a name the strategy is "default" (the field's default).
+                "required": [] if name == "default" else ["name"],
+            }
+        )
+    return {
+        "title": generic.get("title", "StrategySpec"),
+        "description": generic.get("description")
+        or "One of this server's strategies (`GET /v1/strategies`) with its parameters; without a name, `default`.",
+        "oneOf": variants,
+    }
 
 
 def create_app(settings: Settings | None = None) -> ASGIApp:
@@ -175,6 +284,10 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         summary="Curriculum and rollout-budget scheduling for RL post-training.",
         description=limits_description(settings),
         lifespan=lifespan,
+        # Served below: the document by auth mode, the docs pages from local assets.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.include_router(v1.router)
     app.include_router(inspect.router)
@@ -186,10 +299,58 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = add_raw_body_schemas(base_openapi())
+            app.openapi_schema = add_server_facts(add_raw_body_schemas(base_openapi()), settings)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented schema override
+    keyless_schema: dict[str, Any] = {}
+
+    @app.get(OPENAPI_URL, include_in_schema=False)
+    def openapi_json(request: Request) -> JSONResponse:
+        """The OpenAPI document, true to the server's auth mode: with keys, the bearer
+        key is required; without, ``{}`` (no key) is one of the ways in."""
+        try:
+            keyless = not auth_enabled(request)
+        except Exception:  # noqa: BLE001 - database unreachable: document the stricter mode
+            keyless = False
+        if keyless and not keyless_schema:
+            keyless_schema.update(keyless_security(app.openapi()))
+        schema = keyless_schema if keyless else app.openapi()
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        if root_path and root_path not in {s.get("url") for s in schema.get("servers", [])}:
+            schema = {**schema, "servers": [{"url": root_path}, *schema.get("servers", [])]}
+        return JSONResponse(schema)
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=root + OPENAPI_URL,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=root + "/docs/oauth2-redirect",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            # No badge image from the public validator (Swagger UI's default).
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        page = get_redoc_html(
+            openapi_url=root + OPENAPI_URL,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon-32x32.png",
+            with_google_fonts=False,
+        )
+        html = bytes(page.body).decode().replace("<script src=", _REDOC_NO_REMOTE_IMAGES + "<script src=", 1)
+        return HTMLResponse(html)
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
@@ -221,9 +382,13 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         return _problem(422, "Validation failed", f"{first['loc']}: {first['msg']}{more}", errors=errors[:100])
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException):
+    async def _http_error(request: Request, exc: StarletteHTTPException):
         title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
-        return _problem(exc.status_code, title, str(exc.detail), headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        allow = allowed_methods(app.router.routes, request.scope) if exc.status_code == 405 else ""
+        if allow:  # (empty for a 405 of a mount, e.g. StaticFiles: its own header stands)
+            headers = {**(headers or {}), "Allow": allow}
+        return _problem(exc.status_code, title, str(exc.detail), headers=headers)
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict:

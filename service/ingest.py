@@ -103,10 +103,13 @@ class Ingest:
             )
         flat = np.fromiter(chain.from_iterable(rewards), dtype=np.float64, count=int(lengths.sum()))
         starts = np.r_[0, np.cumsum(lengths)[:-1]]
-        sums = np.add.reduceat(flat, starts)
-        gmax = np.maximum.reduceat(flat, starts)
-        gmin = np.minimum.reduceat(flat, starts)
-        abs_adv = group_abs_advantage(flat, starts, lengths, sums)
+        # Rewards far outside any reward_range (refused below, once the run is read) may
+        # overflow these sums: no warning for that.
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = np.add.reduceat(flat, starts)
+            gmax = np.maximum.reduceat(flat, starts)
+            gmin = np.minimum.reduceat(flat, starts)
+            abs_adv = group_abs_advantage(flat, starts, lengths, sums)
         body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat)
         texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
 

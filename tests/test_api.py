@@ -43,7 +43,8 @@ def test_put_run_create_attach_conflict(client):
     assert run["strategy"]["name"] == "default" and run["strategy"]["params"]["candidate_multiplier"] == 16
     assert (run["rollouts_per_prompt"], run["min_rollouts"], run["max_rollouts"]) == (8, 2, 64)
     assert run["metadata"] == {"model": "qwen2.5-7b"}
-    assert run["stats"] == {"prompts": 0, "steps": 0, "plans": 0, "results": 0, "rollouts": 0, "informative_rollouts": 0}
+    assert run["stats"] == {"prompts": 0, "steps": 0, "plans": 0, "results": 0, "rollouts": 0, "informative_rollouts": 0,
+                            "last_report_at": None}
 
     # Same settings: attach (200). Explicit default params are the same settings.
     body2 = {**body, "strategy": {"name": "default", "params": {"candidate_multiplier": 16}}}
@@ -263,6 +264,7 @@ def test_report_and_stats(client):
     r = report(client, "rank0-step0", 0, groups, plan_id=plan["plan_id"])
     assert r.status_code == 200 and r.json() == {"accepted": 4, "duplicate": False}
     stats = client.get("/v1/runs/run-1").json()["stats"]
+    assert stats.pop("last_report_at") is not None
     assert stats == {"prompts": 50, "steps": 1, "plans": 1, "results": 4, "rollouts": 32, "informative_rollouts": 24}
     p = client.get(f"/v1/runs/run-1/prompts/{groups[0][0].replace('/', '%2F')}").json()
     assert p["rollouts"] == 8 and p["mean_reward"] == pytest.approx(3 / 8) and p["last_step"] == 0

@@ -19,6 +19,7 @@ def _cursor(raw: str) -> str:
 
 BAD_INPUTS = [
     ("post", "/v1/runs/run-1/plans", {"json": {"batch_size": 1, "step": 2**70}}, "step"),
+    ("post", "/v1/runs/run-1/strategy", {"json": {"step": 2**84, "strategy": {"name": "default"}}}, "step"),
     ("post", "/v1/runs/run-1/results",
      {"json": {"report_id": "x", "step": 2**63, "results": [{"prompt_id": "set/0", "rewards": [1]}]}}, "step"),
     ("post", "/v1/runs/run-1/prompts", {"json": {"prompts": [{"id": "n", "text": "a\x00b"}]}}, "text"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hmac
 from collections.abc import Iterator
 from typing import Annotated
@@ -159,6 +160,18 @@ def json_body_openapi(model: type[BaseModel]) -> dict:
     """The ``openapi_extra`` that documents a ``json_body`` route's body."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def keyless_security(openapi: dict) -> dict:
+    """The document of a server without keys: a copy in which every operation that
+    takes a key also lists the empty requirement ``{}`` first (OpenAPI: no key needed),
+    since such a server answers without one (a key sent is accepted and ignored)."""
+    out = copy.deepcopy(openapi)
+    for item in out.get("paths", {}).values():
+        for op in item.values():
+            if isinstance(op, dict) and op.get("security") and {} not in op["security"]:
+                op["security"] = [{}, *op["security"]]
+    return out
 
 
 def add_raw_body_schemas(openapi: dict) -> dict:

@@ -185,7 +185,13 @@ def pass_rate_histogram(
     run_id: RunIdPath,
     engine: EngineDep,
     session: SessionDep,
-    bins: Annotated[int, Query(description=f"Number of bins on [0, 1]; one of {list(insp.ALLOWED_BINS)}.")] = 10,
+    bins: Annotated[
+        int,
+        Query(
+            description=f"Number of bins on [0, 1]; one of {list(insp.ALLOWED_BINS)}.",
+            json_schema_extra={"enum": list(insp.ALLOWED_BINS)},
+        ),
+    ] = 10,
     limit: StepLimit = 1000,
     cursor: Cursor = None,
 ):

@@ -78,7 +78,7 @@ class RunIn(Strict):
 
 class StrategyChangeIn(Strict):
     strategy: StrategySpec
-    step: int | None = Field(None, ge=0, description="First step planned with it; default: the run's next step.")
+    step: Step | None = Field(None, description="First step planned with it; default: the run's next step.")
 
 
 class StrategyChangeOut(BaseModel):
