@@ -1,8 +1,8 @@
 """Screenshots of the dashboard for the README (docs/dashboard-*.png).
 
 Starts `rollplan serve` on a temporary SQLite database, fills it with the
-simulated run the browser tests use (tests/sim.py), and photographs the run page
-and one prompt page with headless Chromium (Selenium; Debian's chromium and
+simulated run the browser tests use (tests/sim.py) and two more with other
+strategies, and photographs the run page, one prompt page and the comparison of the three with headless Chromium (Selenium; Debian's chromium and
 chromium-driver packages).
 
     .venv/bin/python scripts/dashboard_screenshots.py [--out docs]
@@ -47,6 +47,8 @@ def main() -> None:
             with httpx.Client(base_url=server.url, timeout=60) as c:
                 sim = simulate(c, run_id="qwen-7b-grpo", n_prompts=300, steps=20, batch_size=32, seed=7)
                 top = c.get(f"/v1/runs/{sim.run_id}/prompts", params={"sort": "rollouts", "order": "desc", "limit": 1}).json()
+                others = [simulate(c, run_id=f"qwen-7b-{name}", strategy=name, n_prompts=300, steps=20, batch_size=32, seed=7)
+                          for name in ("uniform", "beta")]
             driver = make_driver(Path(d) / "profile")
             try:
                 driver.set_window_size(1280, 900)
@@ -65,11 +67,20 @@ def main() -> None:
                 driver.set_window_size(1280, min(height + 120, 2400))
                 wait_loaded(driver)
                 driver.save_screenshot(str(out / "dashboard-prompt.png"))
+                ids = ",".join([sim.run_id] + [o.run_id for o in others])
+                driver.set_window_size(1280, 900)
+                driver.get(f"{server.url}/ui/compare?runs={ids}&refresh=0")
+                wait_loaded(driver)
+                height = driver.execute_script("return document.body.scrollHeight")
+                driver.set_window_size(1280, min(height + 120, 2500))
+                driver.get(f"{server.url}/ui/compare?runs={ids}&refresh=0")
+                wait_loaded(driver)
+                driver.save_screenshot(str(out / "dashboard-compare.png"))
             finally:
                 driver.quit()
         finally:
             server.stop()
-    print(f"wrote {out / 'dashboard-run.png'} and {out / 'dashboard-prompt.png'}")
+    print(f"wrote {out / 'dashboard-run.png'}, {out / 'dashboard-prompt.png'} and {out / 'dashboard-compare.png'}")
 
 
 if __name__ == "__main__":
