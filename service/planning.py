@@ -94,13 +94,13 @@ class Planner:
         self.store = store
         self.metrics = metrics
 
-    def _sealed(self, s: Session, run, spec: dict[str, Any]) -> tuple[RunState, int]:
+    def _sealed(self, s: Session, run, spec: dict[str, Any], step: int | None) -> tuple[RunState, int]:
         """The state under ``spec`` with this event's seal applied (undone by dropping the
         state if the transaction does not commit)."""
         state = self.store.state(s, run, spec)
         seq = repo.take_seq(s, run)
         with state.lock:
-            state.apply(SealEvent(seq))
+            state.apply(SealEvent(seq, step))
         return state, seq
 
     def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, PlanJSON]:
@@ -142,11 +142,12 @@ class Planner:
                 changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
                 spec = spec_for_step(cfg, changes, step)
                 sealing = True
-                state, seq = self._sealed(s, run, spec)
+                state, seq = self._sealed(s, run, spec, step)
                 req = strat.PlanRequest(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"], step)
-                with state.lock:
+                # The reports still pending (of steps ≥ step − 1) count, from a copy (``read``).
+                with state.read() as pool:
                     t0 = time.perf_counter()
-                    decision = state.strategy.plan(state.pool, req, strat.plan_rng(run.id, step, state.strategy.name))
+                    decision = state.strategy.plan(pool, req, strat.plan_rng(run.id, step, state.strategy.name))
                     compute_s = time.perf_counter() - t0
                 plan = Plan(
                     id=uuid.uuid4().hex,
@@ -213,7 +214,7 @@ class Planner:
                 room = np.maximum(cfg["max_rollouts"] - planned, 0)
                 changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
                 sealing = True
-                state, seq = self._sealed(s, run, spec_for_step(cfg, changes, plan.step))
+                state, seq = self._sealed(s, run, spec_for_step(cfg, changes, plan.step), None)
                 with state.lock:
                     extra = state.strategy.extend(state.pool, ords, n, k, body.extra_budget, room)
                     pred = state.strategy.predict(state.pool, ords, plan.step)

@@ -12,9 +12,11 @@ the same fold: one code path, so they agree exactly.
 
 Step semantics do not depend on chunking. Reports are not applied to the
 estimators one by one: they wait in ``pending`` until the next *seal*, an event
-that needs the state (a plan, an extension, a prompt upsert, a strategy change),
-or until the pending groups reach ``PENDING_MAX_GROUPS`` (a bound on memory, also
-a function of the log). A seal applies the pending groups one step at a time in
+that needs the state (an extension, a prompt upsert, a strategy change — all
+pending steps —, or a plan of step t — the pending steps ≤ t − 2: the reports of
+t − 1 may still be arriving from a prefetching trainer's ranks, and the plan reads
+them from a copy), or until the pending groups reach ``PENDING_MAX_GROUPS`` (a
+bound on memory, also a function of the log). A seal applies the pending groups one step at a time in
 ascending step order, each step's groups merged and put in a canonical order: so
 a step reported as 1 report or as k reports in any order, between the same two
 plans, leaves the same state, and so does a window holding several whole steps.
@@ -72,9 +74,14 @@ class ReportEvent:
 
 @dataclass(frozen=True)
 class SealEvent:
-    """A plan or a plan extension: the state it read is sealed at this position."""
+    """A plan or a plan extension: the state it reads is sealed at this position. A plan of
+    step t (``step``) seals the pending reports of steps ≤ t − 2 only: a prefetching trainer
+    asks the plan of t while the reports of t − 1 may still be arriving from its ranks, and
+    those must not be split; the plan reads them from a copy. ``step`` None (an extension,
+    which reads its pilot reports): seal everything."""
 
     seq: int
+    step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class RunState:
             raise ValueError(f"event at log position {event.seq} is not after the state's {self.seq}")
         if isinstance(event, ReportEvent):
             self._hold(event)
+        elif isinstance(event, SealEvent) and event.step is not None:
+            self.seal(upto=event.step - 2)
         else:
             self.seal()
             if isinstance(event, PromptsEvent):
@@ -169,16 +178,24 @@ class RunState:
         if self.pending_groups >= PENDING_MAX_GROUPS:
             self.seal()
 
-    def seal(self) -> None:
-        """Apply the pending groups, a step at a time (see the module's docstring)."""
+    def seal(self, upto: int | None = None) -> None:
+        """Apply the pending groups (of steps ≤ ``upto`` when given), a step at a time (see
+        the module's docstring)."""
         if self._inbox is not None:
             _take_predictions(self.pool, self._inbox)
             self._inbox = None
             self._view = None
         if not self.pending:
             return
-        _seal_into(self.pool, self.pending, self.on_step)
-        self.pending, self.pending_groups = [], 0
+        if upto is None:
+            now, keep = self.pending, []
+        else:
+            now = [o for o in self.pending if int(o.step[0]) <= upto]
+            keep = [o for o in self.pending if int(o.step[0]) > upto]
+        if not now:
+            return
+        _seal_into(self.pool, now, self.on_step)
+        self.pending, self.pending_groups = keep, sum(len(o) for o in keep)
         self._view = None
 
     def replay_pending(self, on_step: Callable[[PoolState, int], None]) -> None:

@@ -131,3 +131,42 @@ def test_never_raises_without_a_service(tmp_path):
     assert plan.predicted_pass_rates is None
     s.report(0, [(plan.prompt_ids[0], [1.0])])
     assert s.close(timeout=10) == 1
+
+
+def test_prefetched_plans_do_not_make_reports_late(server_factory, db_url, tmp_path):
+    """From the plugin side: a prefetching scheduler with two reporting ranks (plan k + 1 is
+    fetched before step k is reported) stores every report with staleness 0, and ends with
+    the same estimates as a synchronous trainer that reported the same groups."""
+    from sqlalchemy import create_engine, text
+
+    srv = server_factory().start()
+    groups = {k: [(IDS[(3 * k + j) % len(IDS)], [1, 0, j % 2, 1]) for j in range(6)] for k in range(4)}
+
+    def run(run_id: str, prefetch: bool) -> list:
+        ranks = [RollplanScheduler(run_id, IDS, url=srv.url, rollouts_per_prompt=4, max_retries=1, backoff=0.05,
+                                   timeout=5, spool_dir=tmp_path / f"spool-{run_id}-{r}", reporter=f"rank{r}",
+                                   prefetch=prefetch, upload=r == 0)
+                 for r in range(2)]
+        assert all(s.attach() for s in ranks)
+        for k, g in groups.items():
+            for s in ranks:
+                s.plan(k, 5)
+            ranks[0].report(k, g[:3])
+            ranks[1].report(k, g[3:])
+            assert ranks[0].flush() == 0 and ranks[1].flush() == 0
+        for s in ranks:
+            s.close()
+        with Client(srv.url) as rp:
+            return [(p["id"], p["predicted_pass_rate"], p["rollouts"]) for p in rp.list_prompts(run_id)]
+
+    ahead = run("prefetching", True)
+    sync = run("synchronous", False)
+    assert ahead == sync
+    eng = create_engine(db_url)
+    try:
+        with eng.connect() as c:
+            stale = c.execute(text("SELECT DISTINCT res.staleness FROM results res JOIN runs ON runs.pk = res.run_pk "
+                                   "WHERE runs.id = 'prefetching'")).scalars().all()
+    finally:
+        eng.dispose()
+    assert stale == [0]

@@ -164,8 +164,9 @@ def test_genuinely_late_report(client, db_url):
 def interleavings(draw):
     """Reports in step order (two per step); each plan request placed at any step boundary
     before the end, so plans run up to a few steps ahead of the reports (and some come
-    late). A plan is an event that seals the state (``runstate``): one placed between
-    two reports of the same step splits that step, which the fold tests cover."""
+    late). A plan of step t is an event that seals the reports of steps ≤ t − 2
+    (``runstate``): one placed between two reports of such a step splits that step,
+    which the fold tests cover."""
     n_reports = 2 * STEPS
     plan_steps = list(range(STEPS + 2))
     slots = {s: 2 * draw(st.integers(0, STEPS), label=f"plan {s} after step #") for s in plan_steps}

@@ -197,8 +197,8 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
                     abs_adv=cols[6][a:b].astype(np.float64),
                 )
             )
-    for (seq,) in s.execute(window(select(Plan.log_seq).where(Plan.run_pk == run_pk), Plan.log_seq)):
-        events.append(SealEvent(int(seq)))
+    for seq, step in s.execute(window(select(Plan.log_seq, Plan.step).where(Plan.run_pk == run_pk), Plan.log_seq)):
+        events.append(SealEvent(int(seq), int(step)))
     for (seq,) in s.execute(
         window(
             select(PlanExtension.log_seq).join(Plan, Plan.id == PlanExtension.plan_id).where(Plan.run_pk == run_pk),
