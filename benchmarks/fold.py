@@ -31,7 +31,6 @@ import platform
 import signal
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -40,9 +39,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from .speed import server
+from .speed import pg_database, server
 
-PG_ADMIN = os.environ.get("ROLLPLAN_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SEED = 0
 DOMAINS = 3
 ROLLOUTS = 8
@@ -89,16 +87,8 @@ def database(db: str, workdir: Path):
         return
     if db != "postgres":
         raise SystemExit(f"unknown database {db!r}")
-    import psycopg
-
-    name = f"rollplan_fold_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with pg_database() as url:
+        yield url
 
 
 def kill(url) -> None:
