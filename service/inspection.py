@@ -347,6 +347,12 @@ class PoolHistory:
     def all(self) -> dict[int, Snapshot]:
         return {**self.snapshots, **self.tentative}
 
+    def nbytes(self) -> int:
+        """Memory held: the second fold (arrays only: it keeps no prompt ids) and the
+        snapshots' histograms."""
+        snaps = [*self.snapshots.values(), *self.tentative.values()]
+        return self.fold.nbytes() + sum(x.counts.nbytes + x.seen_counts.nbytes for x in snaps)
+
     def strategy_states(self, s: Session, ctx: RunContext) -> dict[int, dict[str, Any]]:
         self.sync(s, ctx)
         return {st: snap.strategy_state for st, snap in self.all().items()}
@@ -359,7 +365,8 @@ def pool_history(ctx: RunContext) -> PoolHistory:
     """The second fold kept with the run's state (dropped with it)."""
     with _HISTORY_LOCK:
         if ctx.history is None:
-            ctx.history = PoolHistory(RunState(ctx.run_pk, ctx.run_id, ctx.spec, ctx.reward_range))
+            # The second fold needs no prompt ids (it is never asked for one): its arrays only.
+            ctx.history = PoolHistory(RunState(ctx.run_pk, ctx.run_id, ctx.spec, ctx.reward_range, keep_ids=False))
         return ctx.history
 
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from .scheduling import strategies as strat
 from .scheduling.pool import Observations, PoolState
+from .scheduling.util import grow
 
 PENDING_MAX_GROUPS = 1 << 16
 
@@ -98,6 +99,161 @@ def spec_key(spec: dict[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
 
+# -- prompt ids ------------------------------------------------------------------------
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(prompt_id: str) -> int:
+    """A 32-bit hash of an id for this process's index (Python's string hash: salted per
+    process, which is fine, the index never leaves it; every match is checked against the
+    stored id, so collisions cost a comparison, never a wrong answer)."""
+    return hash(prompt_id) & _MASK32
+
+
+class PromptIds:
+    """A run's prompt ids, ordinal → id and id → ordinal, without a Python object per id.
+
+    The ids are one packed UTF-8 buffer with offsets (uint32 until the buffer passes 4 GiB,
+    then int64): about len(id) + 4 bytes a prompt. The id → ordinal index is sorted 32-bit
+    hashes with their ordinals (8 bytes a prompt) in two tiers, a main one and a recent
+    one (merged into the main one when it passes 1/8 of it, so registering N prompts in
+    chunks moves O(N log N) bytes, not O(N²)), searched with ``numpy.searchsorted``. A hash
+    match is a candidate, confirmed by comparing the stored id: equal hashes (≈ N / 2³² false
+    candidates a lookup; any number of true collisions) cost a comparison each, never a
+    wrong ordinal.
+
+    Appends come from the thread that folds events; lookups may run concurrently in
+    others: each published state is immutable below its size (new rows are written past
+    it, tiers are replaced, never changed in place), and a reader takes the tiers before
+    the store, so every ordinal it finds is in the store it reads."""
+
+    def __init__(self, hash32: Callable[[str], int] = _hash32) -> None:
+        self._hash32 = hash32
+        # (buffer, offsets, count): id i is buffer[offsets[i]:offsets[i + 1]].
+        self._store: tuple[np.ndarray, np.ndarray, int] = (np.zeros(0, np.uint8), np.zeros(1, np.uint32), 0)
+        empty = (np.zeros(0, np.uint32), np.zeros(0, np.int32))
+        self._tiers: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] = (empty, empty)
+
+    def __len__(self) -> int:
+        return self._store[2]
+
+    def __getitem__(self, ordinal: int) -> str:
+        buf, off, n = self._store
+        o = int(ordinal)
+        if not 0 <= o < n:
+            raise IndexError(f"prompt ordinal {ordinal} out of range ({n} prompts)")
+        return buf[int(off[o]) : int(off[o + 1])].tobytes().decode()
+
+    def take(self, ordinals: Any) -> list[str]:
+        """The ids of ``ordinals``."""
+        buf, off, n = self._store
+        o = np.asarray(ordinals, np.int64)
+        if o.size and (o.min() < 0 or o.max() >= n):
+            raise IndexError(f"prompt ordinal out of range ({n} prompts)")
+        lo, hi = off[o].tolist(), off[o + 1].tolist()
+        raw = buf.data
+        return [bytes(raw[a:b]).decode() for a, b in zip(lo, hi)]
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self)
+        for a in range(0, n, 4096):
+            yield from self.take(np.arange(a, min(n, a + 4096)))
+
+    def append(self, ids: list[str]) -> None:
+        """Add ids at the next ordinals."""
+        if not ids:
+            return
+        buf, off, n = self._store
+        enc = [p.encode() for p in ids]
+        lens = np.fromiter(map(len, enc), np.int64, len(enc))
+        top = int(off[n]) + int(lens.sum())
+        if top > np.iinfo(off.dtype).max:
+            off = off.astype(np.int64)
+        blob = np.frombuffer(b"".join(enc), np.uint8)
+        buf = grow(buf, top, 0)
+        buf[int(off[n]) : top] = blob
+        off = grow(off, n + len(ids) + 1, 0)
+        off[n + 1 : n + 1 + len(ids)] = int(off[n]) + np.cumsum(lens)
+        self._store = (buf, off, n + len(ids))
+        # The index: the new ids, sorted, merged into the recent tier.
+        h = np.fromiter(map(self._hash32, ids), np.uint32, len(ids))
+        order = np.argsort(h, kind="stable")
+        h, o = h[order], (n + order).astype(np.int32)
+        (mh, mo), (th, to) = self._tiers
+        th, to = _merge(th, to, h, o)
+        if th.size > max(1 << 16, mh.size // 8):
+            mh, mo = _merge(mh, mo, th, to)
+            th, to = th[:0], to[:0]
+        self._tiers = ((mh, mo), (th, to))
+
+    def lookup(self, prompt_ids: list[str]) -> np.ndarray:
+        """Ordinals of the ids, -1 for an unknown id."""
+        tiers = self._tiers
+        buf, off, _ = self._store
+        m = len(prompt_ids)
+        out = np.full(m, -1, np.int64)
+        if m == 0:
+            return out
+        h = np.fromiter(map(self._hash32, prompt_ids), np.uint32, m)
+        raw = buf.data
+        for th, to in tiers:
+            if th.size == 0:
+                continue
+            lo = np.searchsorted(th, h, "left")
+            hi = np.searchsorted(th, h, "right")
+            for i in np.flatnonzero((hi > lo) & (out < 0)).tolist():
+                want = prompt_ids[i].encode()
+                for j in range(int(lo[i]), int(hi[i])):
+                    o = int(to[j])
+                    if bytes(raw[int(off[o]) : int(off[o + 1])]) == want:
+                        out[i] = o
+                        break
+        return out
+
+    def get(self, prompt_id: str, default: int | None = None) -> int | None:
+        o = int(self.lookup([prompt_id])[0])
+        return default if o < 0 else o
+
+    def __contains__(self, prompt_id: object) -> bool:
+        return isinstance(prompt_id, str) and self.get(prompt_id) is not None
+
+    def nbytes(self) -> int:
+        buf, off, _ = self._store
+        return buf.nbytes + off.nbytes + sum(a.nbytes for tier in self._tiers for a in tier)
+
+
+def _merge(ah: np.ndarray, ao: np.ndarray, bh: np.ndarray, bo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two (hash, ordinal) lists sorted by hash, merged (new arrays; ``a``'s rows first
+    among equal hashes)."""
+    if ah.size == 0:
+        return bh.copy(), bo.copy()
+    at = np.searchsorted(ah, bh, "right")
+    return np.insert(ah, at, bh), np.insert(ao, at, bo)
+
+
+class _IdIndex:
+    """``state.index``: the id → ordinal side of a run's ``PromptIds``, with the part of a
+    dict's interface the callers use (``get``, ``in``, ``[]``, ``len``)."""
+
+    def __init__(self, ids: PromptIds) -> None:
+        self._ids = ids
+
+    def get(self, prompt_id: str, default: int | None = None) -> int | None:
+        return self._ids.get(prompt_id, default)
+
+    def __getitem__(self, prompt_id: str) -> int:
+        o = self._ids.get(prompt_id)
+        if o is None:
+            raise KeyError(prompt_id)
+        return o
+
+    def __contains__(self, prompt_id: object) -> bool:
+        return prompt_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 # -- the state ------------------------------------------------------------------------
 @dataclass
 class RunState:
@@ -109,8 +265,11 @@ class RunState:
     reward_range: tuple[float, float]
     strategy: strat.Strategy = field(init=False)
     pool: PoolState = field(init=False)
-    ids: list[str] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
+    # The run's prompt ids (``PromptIds``; ``index`` its id → ordinal side). ``keep_ids``
+    # False (the inspection history's second fold): none kept, no lookups.
+    keep_ids: bool = True
+    ids: PromptIds = field(default_factory=PromptIds)
+    index: _IdIndex = field(init=False, repr=False)
     domain_codes: dict[str | None, int] = field(default_factory=lambda: {None: 0})
     seq: int = 0
     reported_step: int = -1  # the latest step of any report folded so far
@@ -128,6 +287,7 @@ class RunState:
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
         self.pool = self.strategy.make_pool()
+        self.index = _IdIndex(self.ids)
 
     # -- the reducer -------------------------------------------------------------------
     def apply(self, event: Event) -> None:
@@ -152,14 +312,13 @@ class RunState:
         return self
 
     def _prompts(self, e: PromptsEvent) -> None:
-        ords = e.ordinals.tolist()
-        for o, pid in zip(ords, e.ids):
-            if pid is None:
-                continue
-            if o != len(self.ids):  # pragma: no cover - ordinals are dense by construction
-                raise RuntimeError(f"prompt ordinal gap at {o} (have {len(self.ids)})")
-            self.ids.append(pid)
-            self.index[pid] = o
+        new = [(o, pid) for o, pid in zip(e.ordinals.tolist(), e.ids) if pid is not None]
+        if new:
+            first = self.pool.size  # ordinals are dense: created prompts come next, in order
+            if [o for o, _ in new] != list(range(first, first + len(new))):  # pragma: no cover
+                raise RuntimeError(f"prompt ordinals not dense from {first}")
+            if self.keep_ids:
+                self.ids.append([pid for _, pid in new])
         codes = self.domain_codes
         dom = np.fromiter((codes.setdefault(d, len(codes)) for d in e.domains), np.int32, len(e.domains))
         self.pool.set_prompts(e.ordinals, dom, e.priors, e.strengths)
@@ -223,9 +382,11 @@ class RunState:
             yield self._view[1]
 
     def lookup(self, prompt_ids: list[str]) -> np.ndarray:
-        """Ordinals of the ids, -1 for an unknown id."""
-        idx = self.index
-        return np.fromiter((idx.get(p, -1) for p in prompt_ids), dtype=np.int64, count=len(prompt_ids))
+        """Ordinals of the ids, -1 for an unknown id (vectorised: prefer it to ``index.get``
+        in a loop)."""
+        if not self.keep_ids:  # pragma: no cover - the history fold is never asked
+            raise RuntimeError("this state keeps no prompt ids")
+        return self.ids.lookup(prompt_ids)
 
     def domain_names(self) -> list[str | None]:
         names: list[str | None] = [None] * len(self.domain_codes)
@@ -242,12 +403,13 @@ class RunState:
             self._view = None
 
     def nbytes(self) -> int:
-        """Approximate memory held (numpy arrays, the id map, a read view)."""
-        n = _array_bytes(self.pool) + 120 * len(self.ids)
+        """Memory held: the pool's and its trackers' arrays, the prompt ids, a read view and
+        the inspection history's fold (each array by its capacity, as allocated)."""
+        n = _array_bytes(self.pool) + self.ids.nbytes()
         if self._view is not None:
             n += _array_bytes(self._view[1])
         if self.history is not None:
-            n += self.history.fold.nbytes()
+            n += self.history.nbytes()
         return n
 
 

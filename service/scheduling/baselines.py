@@ -62,7 +62,7 @@ class LatestGroupMean:
 
     def __init__(self, thresholds: np.ndarray) -> None:
         self.thresholds = np.asarray(thresholds, np.float64)  # ascending
-        self.latest_ = np.zeros(0, np.float64)
+        self.latest_ = np.zeros(0, np.float32)  # shown only
         self.pool_ = np.zeros(0, np.int8)
 
     def grow(self, size: int, n_domains: int) -> None:

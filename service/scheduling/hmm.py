@@ -93,10 +93,11 @@ second group of the same step, it applies one decay, as DPS does for a prompt
 twice in a batch). Time never runs backwards for a prompt. In pooled mode a
 domain is never decayed backwards either.
 
-Precision: float64 throughout (1M prompts: 72 MB of counts, 24 MB of beliefs).
-float32 would keep beliefs to ~1e-7 only, not enough to check the reference
-traces to 1e-9, and the memory is acceptable at the design point. In pooled mode
-``counts_`` is a zero-length array (no per-prompt counts).
+Precision: float64 counts and beliefs (1M prompts: 72 MB of counts, 24 MB of
+beliefs). float32 would keep beliefs to ~1e-7 only, not enough to check the
+reference traces to 1e-9. Steps are int32 until one needs int64 (``util.widen``),
+domain codes the smallest integer type that holds them. In pooled mode ``counts_``
+is a zero-length array (no per-prompt counts).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ import math
 import numpy as np
 from scipy.special import gammaln
 
-from .util import occurrence_rank
+from .util import capacity, occurrence_rank, small_int_dtype, widen
 
 N_STATES = 3
 UNSOLVED, PARTIAL, SOLVED = 0, 1, 2
@@ -173,9 +174,9 @@ class SolveStateHMM:
         # Capacity-doubled buffers; the live part is [:size] / [:n_domains].
         self.counts_ = np.ones((0, N_STATES, N_STATES), np.float64)
         self.belief_ = np.full((0, N_STATES), 1.0 / N_STATES)
-        self.last_step_ = np.full(0, -1, np.int64)
+        self.last_step_ = np.full(0, -1, np.int32)
         self.seen_ = np.zeros(0, bool)
-        self.domain_ = np.zeros(0, np.int32)
+        self.domain_ = np.zeros(0, np.int8)
         if self.pooled:
             self.domain_counts_ = np.ones((0, N_STATES, N_STATES), np.float64)
             self.domain_last_step_ = np.full(0, -1, np.int64)
@@ -191,7 +192,7 @@ class SolveStateHMM:
         size, n_domains = int(size), int(n_domains)
         cap = self.last_step_.shape[0]
         if size > cap:
-            cap = max(size, 2 * cap, 1024)
+            cap = capacity(cap, size)
             if not self.pooled:
                 self.counts_ = self._grown(self.counts_, cap, 1.0)
             self.belief_ = self._grown(self.belief_, cap, 1.0 / N_STATES)
@@ -199,6 +200,9 @@ class SolveStateHMM:
             self.seen_ = self._grown(self.seen_, cap, False)
             self.domain_ = self._grown(self.domain_, cap, 0)
         self.size = max(self.size, size)
+        dt = small_int_dtype(n_domains)
+        if np.iinfo(dt).max > np.iinfo(self.domain_.dtype).max:
+            self.domain_ = self.domain_.astype(dt)
         if self.pooled and n_domains > self.domain_last_step_.shape[0]:
             dcap = max(n_domains, 2 * self.domain_last_step_.shape[0], 16)
             self.domain_counts_ = self._grown(self.domain_counts_, dcap, 1.0)
@@ -320,6 +324,7 @@ class SolveStateHMM:
             raise ValueError("successes must be finite")
         s = np.clip(s, 0.0, n)
         self.grow(int(o.max()) + 1, int(dom.max()) + 1)
+        self.last_step_ = widen(self.last_step_, int(step.max()))
         lik = self._likelihood(n, s)
         lam = self.forgetting
 

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import grow, occurrence_rank
+from .util import grow, occurrence_rank, widen
 
 _LOGIT_CLIP = 4.0
 
@@ -92,20 +92,26 @@ class SkillDifficultyModel:
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
         self.min_skill_var = min_skill_var
-        self.mu_ = np.zeros(0)
-        self.tau_ = np.zeros(0)  # 0 = never seen
-        self.seen_step_ = np.zeros(0, np.int64)
-        self.skill_seen_ = np.zeros(0)  # the domain's skill when the prompt was last updated
+        # Per prompt (float32 / int32 storage, float64 arithmetic: reads cast the rows they
+        # index; steps widen to int64 at the first one past int32).
+        self.mu_ = np.zeros(0, np.float32)
+        self.tau_ = np.zeros(0, np.float32)  # 0 = never seen
+        self.seen_step_ = np.zeros(0, np.int32)
+        # The domain's skill when the prompt was last updated; only read (and kept) with
+        # skill_transfer < 1.
+        self.skill_seen_ = np.zeros(0, np.float32)
         self.theta_ = np.zeros(1)
         self.theta_var_ = np.full(1, 1.0)
         self.theta_step_ = np.full(1, -1, np.int64)
         # Per-domain sums over seen prompts: Σw, Σwμ, Σwμ² (w: the prompt's weight, its
         # posterior probability of being "normal"; 1 without the latent classes).
+        # A seen prompt's w in dom_ is 1 − P(stuck) − P(solved) of its stored posterior (1
+        # without the latent classes), derived rather than stored.
         self.dom_ = np.zeros((1, 4))  # … and Σw/τ (posterior variances, for the EM estimate)
-        self.mom_w_ = np.zeros(0)  # each seen prompt's w in dom_
-        # Latent classes: posterior P(stuck), P(solved) at the prompt's last update.
-        self.q_stuck_ = np.zeros(0)
-        self.q_solved_ = np.zeros(0)
+        # Latent classes: posterior P(stuck), P(solved) at the prompt's last update (kept
+        # only with ``latent``).
+        self.q_stuck_ = np.zeros(0, np.float32)
+        self.q_solved_ = np.zeros(0, np.float32)
         # Per-domain sums over seen prompts: count, ΣP(stuck), ΣP(solved).
         self.lat_ = np.zeros((1, 3))
 
@@ -113,10 +119,11 @@ class SkillDifficultyModel:
         self.mu_ = grow(self.mu_, size, 0.0)
         self.tau_ = grow(self.tau_, size, 0.0)
         self.seen_step_ = grow(self.seen_step_, size, -1)
-        self.skill_seen_ = grow(self.skill_seen_, size, 0.0)
-        self.mom_w_ = grow(self.mom_w_, size, 0.0)
-        self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
-        self.q_solved_ = grow(self.q_solved_, size, 0.0)
+        if self.skill_transfer != 1.0:
+            self.skill_seen_ = grow(self.skill_seen_, size, 0.0)
+        if self.latent:
+            self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
+            self.q_solved_ = grow(self.q_solved_, size, 0.0)
         if n_domains > self.theta_.shape[0]:
             k = n_domains - self.theta_.shape[0]
             self.theta_ = np.r_[self.theta_, np.zeros(k)]
@@ -138,7 +145,8 @@ class SkillDifficultyModel:
 
     def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
         """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
-        seen = self.tau_[o] > 0
+        tau = self.tau_[o].astype(np.float64)
+        seen = tau > 0
         dm, dv = self.domain_difficulty()
         has_prior = ~np.isnan(prior_logit)
         mu0 = np.where(has_prior, self.theta_[d] - np.nan_to_num(prior_logit), dm[d])
@@ -149,8 +157,8 @@ class SkillDifficultyModel:
             mu0 = np.where(use, dm[d] - np.nan_to_num(rel), mu0)
             var0 = np.where(use, np.minimum(np.nan_to_num(rel_var, nan=1.0), dv[d]), var0)
         gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
-        var_seen = 1.0 / np.where(seen, self.tau_[o], 1.0) + self.difficulty_drift * gap
-        return np.where(seen, self.mu_[o], mu0), np.where(seen, var_seen, var0)
+        var_seen = 1.0 / np.where(seen, tau, 1.0) + self.difficulty_drift * gap
+        return np.where(seen, self.mu_[o].astype(np.float64), mu0), np.where(seen, var_seen, var0)
 
     def _prompt_skill(self, o: np.ndarray, th: np.ndarray) -> np.ndarray:
         """The skill that applies to prompts ``o`` given their domain's skill ``th``: a
@@ -160,7 +168,7 @@ class SkillDifficultyModel:
         if self.skill_transfer == 1.0:
             return th
         seen = self.tau_[o] > 0
-        base = self.skill_seen_[o]
+        base = self.skill_seen_[o].astype(np.float64)
         return np.where(seen, base + self.skill_transfer * (th - base), th)
 
     def _skill(self, d: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +188,7 @@ class SkillDifficultyModel:
         mu, var = self._belief(o, d, prior_logit, step, pred)
         th, th_var = self._skill(d, step)
         w: float | np.ndarray = 1.0  # the group's weight in its domain's statistics: P(normal | this group)
+        old_w = self._weight(o)
         if self.latent:
             w = self._observe_latent(o, d, n, k, step, mu, var, th, th_var)
         p = _sigmoid(th - mu)
@@ -222,20 +231,32 @@ class SkillDifficultyModel:
                 new_mu = new_mu - np.clip(((new_mu - mu) / var + (k - n * p)) / h_mu, -2.0, 2.0)
             tau = 1.0 / var + n * p * (1 - p)
         new_mu = new_mu + shift
-        old = self._moment_contrib(o)
+        # The moment sums before this update (the latent posterior, and so w, is already
+        # stored by _observe_latent: its value before went into ``old_w``).
+        old = self._moment_contrib(o, old_w)
         self.mu_[o] = new_mu
         self.tau_[o] = tau
+        self.seen_step_ = widen(self.seen_step_, int(np.max(step)))
         self.seen_step_[o] = np.maximum(self.seen_step_[o], step)
-        self.skill_seen_[o] = th
-        self.mom_w_[o] = w
+        if self.skill_transfer != 1.0:
+            self.skill_seen_[o] = th
         np.add.at(self.dom_, d, self._moment_contrib(o) - old)
 
-    def _moment_contrib(self, o: np.ndarray) -> np.ndarray:
-        """Prompts ``o``'s terms in their domain's difficulty sums: (w, wμ, wμ², w/τ), 0 if unseen."""
-        seen = self.tau_[o] > 0
-        wt = np.where(seen, self.mom_w_[o], 0.0)
-        mu = self.mu_[o]
-        return np.stack([wt, wt * mu, wt * mu * mu, wt / np.where(seen, self.tau_[o], 1.0)], axis=1)
+    def _weight(self, o: np.ndarray) -> np.ndarray:
+        """w of prompts ``o`` in their domain's difficulty sums: P(normal) of their stored
+        latent posterior (1 without the latent classes)."""
+        if not self.latent:
+            return np.ones(o.shape)
+        return 1.0 - self.q_stuck_[o].astype(np.float64) - self.q_solved_[o].astype(np.float64)
+
+    def _moment_contrib(self, o: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        """Prompts ``o``'s terms in their domain's difficulty sums: (w, wμ, wμ², w/τ), 0 if
+        unseen (``w``: their weights, default the stored ones)."""
+        tau = self.tau_[o].astype(np.float64)
+        seen = tau > 0
+        wt = np.where(seen, self._weight(o) if w is None else w, 0.0)
+        mu = self.mu_[o].astype(np.float64)
+        return np.stack([wt, wt * mu, wt * mu * mu, wt / np.where(seen, tau, 1.0)], axis=1)
 
     # -- latent classes: stuck (never passes), solved (always passes), normal -----------
     def latent_prior(self) -> tuple[np.ndarray, np.ndarray]:
@@ -258,8 +279,8 @@ class SkillDifficultyModel:
         if self.latent_hazard > 0:
             gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
             keep = (1.0 - self.latent_hazard) ** gap
-        qs = np.where(seen, ps + (self.q_stuck_[o] - ps) * keep, ps)
-        qv = np.where(seen, pv + (self.q_solved_[o] - pv) * keep, pv)
+        qs = np.where(seen, ps + (self.q_stuck_[o].astype(np.float64) - ps) * keep, ps)
+        qv = np.where(seen, pv + (self.q_solved_[o].astype(np.float64) - pv) * keep, pv)
         return qs, qv
 
     def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var) -> np.ndarray:
@@ -288,18 +309,20 @@ class SkillDifficultyModel:
     def _latent_contrib(self, o: np.ndarray) -> np.ndarray:
         """Prompts ``o``'s terms in their domain's latent sums: (1, P(stuck), P(solved)), 0 if unseen."""
         seen = self.tau_[o] > 0
-        return np.stack(
-            [seen.astype(float), np.where(seen, self.q_stuck_[o], 0.0), np.where(seen, self.q_solved_[o], 0.0)], axis=1
-        )
+        qs, qv = self.q_stuck_[o].astype(np.float64), self.q_solved_[o].astype(np.float64)
+        return np.stack([seen.astype(float), np.where(seen, qs, 0.0), np.where(seen, qv, 0.0)], axis=1)
 
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
-        self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - self.skill_seen_[o])
+        if self.skill_transfer != 1.0:
+            base = self.skill_seen_[o].astype(np.float64)
+            self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - base)
         c = self._moment_contrib(o)
         np.add.at(self.dom_, old_d, -c)
         np.add.at(self.dom_, new_d, c)
-        lat = self._latent_contrib(o)
-        np.add.at(self.lat_, old_d, -lat)
-        np.add.at(self.lat_, new_d, lat)
+        if self.latent:
+            lat = self._latent_contrib(o)
+            np.add.at(self.lat_, old_d, -lat)
+            np.add.at(self.lat_, new_d, lat)
 
     # -- reads ----------------------------------------------------------------------
     def logit(

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from .beta import BetaPosterior
-from .util import grow, occurrence_rank  # noqa: F401  (occurrence_rank re-exported)
+from .util import grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
 
 T = TypeVar("T")
 
@@ -72,6 +72,13 @@ class PoolState:
     domain, σ(logit(m_d) + r_i), with the strength implied by the predictor's
     logit variance v (Var p ≈ v·(m(1−m))² = m(1−m)/(κ+1)), capped at
     ``eb_max_strength``.
+
+    Memory: the columns are compact (a pool of N prompts holds about 37 N bytes here, plus
+    8 N with client priors and 8 N with the predictor): per-prompt counts and steps are
+    int32 and become int64 (``widen``) at the first value that would not fit — a function
+    of the log, so every replica widens at the same event; estimates are stored as float32
+    and computed in float64 (reads cast the rows they index). Capacity grows by 1/16 past
+    a million rows (``util.grow``).
     """
 
     forgetting: float = 0.5
@@ -86,22 +93,27 @@ class PoolState:
     size: int = 0
     n_domains: int = 1
     step: int = -1  # the latest policy step seen in a report
-    _domain: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    _prior: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    _prior_strength: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    _rollouts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _informative_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Compact columns (see the class docstring): domain codes in the smallest integer type
+    # that holds them, counts and steps int32 until a value needs int64, estimates float32.
+    _domain: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    _rollouts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    _groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    _informative_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     # Groups whose rewards were all at the top / all at the bottom of the range.
     _solved_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _failed_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    _max_rollouts: int = 0  # the largest per-prompt rollout count (≥ every other count)
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
-    # The learned predictor's prior (service/predictor): logit relative to the
-    # domain's mean prediction, and its variance; NaN where none.
-    _pred_rel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    _pred_var: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    # Sparse columns, None until a first value is set (most pools have no client priors
+    # and no predictor): the client prior pass rate and strength (NaN where none); the
+    # learned predictor's prior (service/predictor): logit relative to the domain's mean
+    # prediction, and its variance (NaN where none).
+    _prior: np.ndarray | None = None
+    _prior_strength: np.ndarray | None = None
+    _pred_rel: np.ndarray | None = None
+    _pred_var: np.ndarray | None = None
     beta: BetaPosterior = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,8 +126,14 @@ class PoolState:
 
     @property
     def prior_pass_rate(self) -> np.ndarray:
-        """The client-supplied prior pass rate, NaN where none was given."""
-        return self._prior[: self.size]
+        """The client-supplied prior pass rate, NaN where none was given (float32; a
+        read-only view while no prompt has one)."""
+        return _sparse(self._prior, self.size)
+
+    @property
+    def prior_strength_given(self) -> np.ndarray:
+        """The prompt's own prior strength (a warm start's), NaN where none."""
+        return _sparse(self._prior_strength, self.size)
 
     @property
     def rollouts(self) -> np.ndarray:
@@ -163,8 +181,6 @@ class PoolState:
         new_domains = max(self.n_domains, int(domain.max()) + 1 if domain.size else 1)
         for name, fill in (
             ("_domain", 0),
-            ("_prior", np.nan),
-            ("_prior_strength", np.nan),
             ("_rollouts", 0),
             ("_groups", 0),
             ("_informative_groups", 0),
@@ -172,10 +188,15 @@ class PoolState:
             ("_failed_groups", 0),
             ("_reward_sum", 0.0),
             ("_last_step", -1),
-            ("_pred_rel", np.nan),
-            ("_pred_var", np.nan),
         ):
             setattr(self, name, grow(getattr(self, name), new_size, fill))
+        for name in ("_prior", "_prior_strength", "_pred_rel", "_pred_var"):
+            col = getattr(self, name)
+            if col is not None:
+                setattr(self, name, grow(col, new_size, np.nan))
+        dt = small_int_dtype(new_domains)
+        if np.iinfo(dt).max > np.iinfo(self._domain.dtype).max:
+            self._domain = self._domain.astype(dt)
         if new_domains > self._dom.shape[0]:
             self._dom = grow(self._dom, new_domains, 0.0)
         self.beta.grow(new_size)
@@ -192,9 +213,19 @@ class PoolState:
         for t in self.trackers.values():
             if hasattr(t, "move_domain"):
                 t.move_domain(o, old_domain, self._domain[o])
-        self._prior[o] = prior
+        self._prior = self._sparse_set(self._prior, o, prior)
         if prior_strength is not None:
-            self._prior_strength[o] = prior_strength
+            self._prior_strength = self._sparse_set(self._prior_strength, o, prior_strength)
+
+    def _sparse_set(self, col: np.ndarray | None, o: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        """Set a sparse column's rows ``o``; the column is created at its first non-NaN value."""
+        values = np.asarray(values, np.float64)
+        if col is None:
+            if np.isnan(values).all():
+                return None
+            col = np.full(self._rollouts.shape[0], np.nan, np.float32)
+        col[o] = values
+        return col
 
     def set_predicted(self, ordinals: np.ndarray, logit: np.ndarray, var: np.ndarray) -> None:
         """A predictor version's logit pass rate and variance for ``ordinals``.
@@ -213,8 +244,8 @@ class PoolState:
         D = self.n_domains
         cnt = np.bincount(d[ok], minlength=D)
         mean = np.bincount(d[ok], weights=logit[ok], minlength=D) / np.maximum(cnt, 1)
-        self._pred_rel[o] = np.where(ok, logit - mean[d], np.nan)
-        self._pred_var[o] = np.where(ok, np.asarray(var, np.float64), np.nan)
+        self._pred_rel = self._sparse_set(self._pred_rel, o, np.where(ok, logit - mean[d], np.nan))
+        self._pred_var = self._sparse_set(self._pred_var, o, np.where(ok, np.asarray(var, np.float64), np.nan))
 
     def tracker(self, name: str, kind: type[T]) -> T:
         """The tracker ``name``, checked to be a ``kind`` (a strategy reads its own)."""
@@ -228,19 +259,31 @@ class PoolState:
         None when this pool does not use the predictor."""
         if not self.use_predictor:
             return None
-        return self._pred_rel[: self.size][idx], self._pred_var[: self.size][idx]
+        rel = _sparse(self._pred_rel, self.size)[idx]
+        var = _sparse(self._pred_var, self.size)[idx]
+        return np.asarray(rel, np.float64), np.asarray(var, np.float64)
 
     def observe(self, obs: Observations) -> None:
         """Apply one committed report."""
         if len(obs) == 0:
             return
         o = obs.ordinals
+        # Every count of a prompt is at most its rollouts: widen them all before any could
+        # pass int32 (the bound: the largest count so far plus every rollout of this report).
+        top = self._max_rollouts + int(obs.n.sum())
+        for name in ("_rollouts", "_groups", "_informative_groups", "_solved_groups", "_failed_groups"):
+            setattr(self, name, widen(getattr(self, name), top))
+        self._last_step = widen(self._last_step, int(obs.step.max()))
         np.add.at(self._rollouts, o, obs.n)
+        self._max_rollouts = max(self._max_rollouts, int(self._rollouts[o].max()))
         np.add.at(self._groups, o, 1)
-        np.add.at(self._informative_groups, o, obs.informative.astype(np.int64))
+        np.add.at(self._informative_groups, o, obs.informative.astype(np.int32))
         np.add.at(self._solved_groups, o, (obs.successes >= obs.n - 1e-9).astype(np.int32))
         np.add.at(self._failed_groups, o, (obs.successes <= 1e-9).astype(np.int32))
-        np.add.at(self._reward_sum, o, obs.successes)
+        # Summed in float64, stored as float32.
+        uniq, inv = np.unique(o, return_inverse=True)
+        rs = np.bincount(inv, weights=obs.successes, minlength=uniq.size)
+        self._reward_sum[uniq] = self._reward_sum[uniq].astype(np.float64) + rs
         np.maximum.at(self._last_step, o, obs.step)
         # Late reports still count, down-weighted by how stale their policy is.
         w = self.staleness_decay ** obs.staleness.astype(np.float64)
@@ -258,8 +301,8 @@ class PoolState:
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:
         """Each prompt's contribution to its domain's moment sums: (seen, r, r², noise)."""
-        es = self.beta.ev_success_[o]
-        ef = self.beta.ev_failure_[o]
+        es = self.beta.ev_success_[o].astype(np.float64)
+        ef = self.beta.ev_failure_[o].astype(np.float64)
         e = es + ef
         seen = e > 1e-9
         r = np.where(seen, es / np.where(seen, e, 1.0), 0.0)
@@ -296,8 +339,8 @@ class PoolState:
         """(α₀, β₀) of the prompts at ``idx``."""
         dm, ds = self.domain_prior()
         d = self.domain[idx]
-        client = self.prior_pass_rate[idx]
-        own_strength = self._prior_strength[: self.size][idx]
+        client = np.asarray(self.prior_pass_rate[idx], np.float64)
+        own_strength = np.asarray(self.prior_strength_given[idx], np.float64)
         has = ~np.isnan(client)
         # A prior of exactly 0 or 1 would make a Beta parameter 0 (not a distribution).
         mean = np.clip(np.where(has, client, dm[d]), PRIOR_EPS, 1.0 - PRIOR_EPS)
@@ -324,3 +367,13 @@ class PoolState:
     def predicted_pass_rate(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         a, b = self.posterior(idx)
         return a / (a + b)
+
+
+_NAN32 = np.float32(np.nan)
+
+
+def _sparse(col: np.ndarray | None, size: int) -> np.ndarray:
+    """The live part of a sparse column: all NaN (a read-only broadcast) while unset."""
+    if col is None:
+        return np.broadcast_to(_NAN32, (size,))
+    return col[:size]

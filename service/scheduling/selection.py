@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .util import grow
+from .util import grow, widen
 
 __all__ = [
     "ReplayBuffer",
@@ -159,8 +159,8 @@ class ReplayBuffer:
         self.capacity = int(capacity)
         self.threshold = float(threshold)
         self.in_buffer_ = np.zeros(0, bool)
-        self.entered_step_ = np.zeros(0, np.int64)
-        self.seq_ = np.zeros(0, np.int64)
+        self.entered_step_ = np.zeros(0, np.int32)  # int64 once a step needs it (``widen``)
+        self.seq_ = np.zeros(0, np.int32)
         self.next_seq_ = np.zeros(1, np.int64)
 
     def grow(self, size: int) -> None:
@@ -185,6 +185,8 @@ class ReplayBuffer:
                 o = o[np.sort(first)]  # distinct, in first-seen order
             o = o[~self.in_buffer_[o]]
             self.in_buffer_[o] = True
+            self.entered_step_ = widen(self.entered_step_, int(step))
+            self.seq_ = widen(self.seq_, int(self.next_seq_[0]) + o.size)
             self.entered_step_[o] = step
             self.seq_[o] = self.next_seq_[0] + np.arange(o.size)
             self.next_seq_[0] += o.size

@@ -43,7 +43,7 @@ class SkillTracker:
             w * obs.n,
             w * obs.successes,
             obs.step,
-            prior_logit(pool.prior_pass_rate[o]),
+            prior_logit(np.asarray(pool.prior_pass_rate[o], np.float64)),
             pool.predicted_prior(o),
         )
 
@@ -53,7 +53,7 @@ class SkillTracker:
         return {
             "o": idx,
             "d": pool.domain[idx],
-            "prior_logit": prior_logit(pool.prior_pass_rate[idx]),
+            "prior_logit": prior_logit(np.asarray(pool.prior_pass_rate[idx], np.float64)),
             "pred": pool.predicted_prior(idx),
         }
 
@@ -183,7 +183,7 @@ class GRESOTracker:
     def __init__(self, p_base: float, target: float) -> None:
         self.p_base = p_base
         self.target = target
-        self.streak_ = np.zeros(0, np.int64)
+        self.streak_ = np.zeros(0, np.int32)
 
     def grow(self, size: int, n_domains: int) -> None:
         self.streak_ = grow(self.streak_, size, 0)

@@ -4,15 +4,47 @@ from __future__ import annotations
 
 import numpy as np
 
+INT32_MAX = np.iinfo(np.int32).max
+# Capacity grows by doubling while small, by 1/16 once an array passes this many rows: the
+# slack of a large pool stays under 6.25 % (state is sized per prompt), and appending N
+# rows in chunks still copies only O(N) in all (about 17 N).
+_FINE_GROWTH_ROWS = 1 << 20
+
+
+def capacity(have: int, size: int) -> int:
+    """The capacity to grow an array of ``have`` rows to, for at least ``size``."""
+    step = have if have < _FINE_GROWTH_ROWS else have // 16
+    return max(size, have + step, 1024)
+
 
 def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
-    """``a`` with room for at least ``size`` rows (capacity doubling, new rows = ``fill``);
-    ``a`` itself when it is already large enough. State arrays keep a live part ``[:size]``."""
+    """``a`` with room for at least ``size`` rows (new rows = ``fill``); ``a`` itself when it
+    is already large enough. State arrays keep a live part ``[:size]``."""
     if a.shape[0] >= size:
         return a
-    out = np.full((max(size, 2 * a.shape[0], 1024),) + a.shape[1:], fill, dtype=a.dtype)
-    out[: a.shape[0]] = a
+    have = a.shape[0]
+    out = np.full((capacity(have, size),) + a.shape[1:], fill, dtype=a.dtype)
+    out[:have] = a
     return out
+
+
+def widen(a: np.ndarray, top: int) -> np.ndarray:
+    """``a`` as int64 when ``top`` (the largest value about to be stored in it, or an upper
+    bound of it) does not fit its integer dtype; ``a`` itself otherwise. Counts and steps
+    are stored as int32 while they fit — a function of the log, so every replica widens at
+    the same event."""
+    if a.dtype != np.int64 and top > np.iinfo(a.dtype).max:
+        return a.astype(np.int64)
+    return a
+
+
+def small_int_dtype(n: int) -> type[np.signedinteger]:
+    """The smallest signed integer dtype that holds codes ``0 .. n - 1``."""
+    if n <= np.iinfo(np.int8).max + 1:
+        return np.int8
+    if n <= np.iinfo(np.int16).max + 1:
+        return np.int16
+    return np.int32
 
 
 def occurrence_rank(ordinals: np.ndarray) -> np.ndarray:
