@@ -170,3 +170,123 @@ def test_prefetched_plans_do_not_make_reports_late(server_factory, db_url, tmp_p
     finally:
         eng.dispose()
     assert stale == [0]
+
+
+def test_async_reports_lag_one_to_four_steps(server_factory, db_url, tmp_path):
+    """An async trainer: the plan of step k is fetched while the rewards of steps k-1 .. k-4
+    are still being generated, and each step's report arrives 1-4 steps after its plan,
+    sometimes after the report of a later step. Every report is stored once under its
+    plan's step, a report's staleness is the latest step reported before it minus its own
+    step, and a restarted server folds the same log into the same estimates and plan."""
+    import random
+
+    from sqlalchemy import create_engine, text
+
+    srv = server_factory().start()
+    rng = random.Random(5)
+    steps = 16
+    lag = {k: rng.randint(1, 4) for k in range(steps)}
+    groups = {k: [(IDS[(5 * k + j) % len(IDS)], [float(rng.random() < 0.5) for _ in range(4)]) for j in range(4)]
+              for k in range(steps)}
+    sched = _sched(srv.url, tmp_path, reporter="async")
+    order: list[int] = []
+    for now in range(steps + 4):
+        if now < steps:
+            sched.plan(now, 4)
+        for k in sorted(k for k in range(steps) if k + lag[k] == now):
+            sched.report(k, groups[k])
+            order.append(k)
+        assert sched.flush() == 0
+    sched.close()
+    assert sorted(order) == list(range(steps)) and order != sorted(order)  # some arrive out of order
+    latest, expected = -1, {}
+    for k in order:
+        expected[k] = max(0, latest - k)
+        latest = max(latest, k)
+    eng = create_engine(db_url)
+    try:
+        with eng.connect() as c:
+            got = dict(c.execute(text("SELECT res.step, MAX(res.staleness) FROM results res JOIN runs ON "
+                                      "runs.pk = res.run_pk WHERE runs.id = 'core-run' GROUP BY res.step")).all())
+    finally:
+        eng.dispose()
+    assert got == expected and max(expected.values()) > 0
+
+    def snapshot(url):
+        with Client(url) as rp:
+            prompts = [(p["id"], p["predicted_pass_rate"], p["rollouts"]) for p in rp.list_prompts("core-run")]
+            hist = {p[0]: sorted((h["step"], h["rewards"]) for h in rp.get_prompt("core-run", p[0])["history"])
+                    for p in prompts}
+            plan = [(i.prompt_id, i.rollouts) for i in rp.plan("core-run", 4, step=steps).items]
+        return prompts, hist, plan
+
+    live = snapshot(srv.url)
+    want: dict[str, list] = {}
+    for k, g in groups.items():
+        for pid, rewards in g:
+            want.setdefault(pid, []).append((k, rewards))
+    assert live[1] == {pid: sorted(want.get(pid, [])) for pid in live[1]}
+    srv.stop()
+    again = server_factory().start()  # a restarted process folds the log
+    prompts, hist, _ = snapshot(again.url)
+    assert (prompts, hist) == live[:2]
+    with Client(again.url) as rp:  # the plan of `steps` is stored: the same one comes back
+        assert [(i.prompt_id, i.rollouts) for i in rp.plan("core-run", 4, step=steps).items] == live[2]
+
+
+def test_followers_get_the_leaders_plan_even_when_they_cannot_reach_the_service(server_factory, tmp_path):
+    """Three ranks with a broadcast collective (a barrier here; torch.distributed in the TRL
+    adapter): rank 2 has a dead URL, and later the service goes away for everyone. Every
+    rank gets the leader's plan each step — the service's, then the leader's uniform
+    fallback — and followers never plan themselves. An error on the leader is raised on
+    every rank instead of leaving the others waiting."""
+    import threading
+
+    srv = server_factory().start()
+    n = 3
+    box: list = [None]
+    barrier = threading.Barrier(n)
+
+    def broadcast_for(rank):
+        def broadcast(obj):
+            if rank == 0:
+                box[0] = obj
+            barrier.wait(30)
+            got = box[0]
+            barrier.wait(30)
+            return got
+        return broadcast
+
+    urls = [srv.url, srv.url, "http://127.0.0.1:9"]
+    ranks = [RollplanScheduler("bcast", IDS, url=urls[r], rollouts_per_prompt=4, max_retries=0, timeout=2,
+                               spool_dir=tmp_path / f"spool{r}", reporter=f"rank{r}", upload=r == 0,
+                               broadcast=broadcast_for(r), leader=r == 0)
+             for r in range(n)]
+    plans: dict[int, list] = {r: [] for r in range(n)}
+    errors: dict[int, str] = {}
+
+    def train(r):
+        for k in range(6):
+            if k == 3 and r == 0:
+                srv.kill()
+            plans[r].append(ranks[r].plan(k, 4))
+        try:
+            ranks[r].plan(6, len(IDS) + 1)  # larger than the dataset: the leader's error
+        except ValueError as exc:
+            errors[r] = str(exc)
+
+    threads = [threading.Thread(target=train, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(not t.is_alive() for t in threads)
+    for r in (1, 2):
+        assert [(p.step, p.indices, p.rollouts, p.source) for p in plans[r]] == \
+            [(p.step, p.indices, p.rollouts, p.source) for p in plans[0]]
+        assert ranks[r].stats.service_plans == 0 and ranks[r].stats.fallback_plans == 0
+    sources = [p.source for p in plans[0]]
+    assert sources[:3] == ["service"] * 3 and "uniform" in sources[3:]
+    assert set(errors) == {0, 1, 2} and "larger than the dataset" in errors[2]
+    for s in ranks:
+        s.close(timeout=5)

@@ -49,7 +49,8 @@ class Recorder:
     def __call__(self, prompts, completions, completion_ids, rollplan_step, rollplan_prompt_id, **kw):
         rewards = [float(len(c) % 2) for c in completion_ids]
         self.calls.append({"step": rollplan_step, "ids": list(rollplan_prompt_id), "prompts": list(prompts),
-                           "rewards": rewards, "global_step": kw["trainer_state"].global_step})
+                           "rewards": rewards, "global_step": kw["trainer_state"].global_step,
+                           "copy": list(kw["rollplan_copy"]), "lengths": [len(c) for c in completion_ids]})
         if self.on_call:
             self.on_call(len(self.calls))
         return rewards
@@ -190,24 +191,81 @@ def test_resume_from_checkpoint_continues_the_run(server_factory, tmp_path):
     t2.rollplan.close()
 
 
-def test_mask_to_plan_reports_the_planned_rollout_counts(server_factory, tmp_path):
-    """num_generations=4 but plans of 5 rollouts over 2 prompts (2..4 each): every group is
-    still generated with 4 completions; the rewards past a prompt's planned count are masked
-    (NaN) and only the planned count is reported."""
+def _count_generated(trainer) -> list[int]:
+    """Wrap the model's ``generate``: the list gets each call's number of sequences."""
+    counts: list[int] = []
+    model = trainer.model
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        counts.append(int(kwargs["input_ids"].shape[0]))
+        return original(*args, **kwargs)
+
+    model.generate = generate
+    return counts
+
+
+@pytest.mark.parametrize("planned_only", [True, False])
+def test_mask_to_plan_generates_only_the_planned_completions(server_factory, tmp_path, planned_only):
+    """num_generations=4 but plans of 5 rollouts over 2 prompts (2 and 3 each): only the
+    planned completions are generated (5 per step instead of 8; counted at the model's
+    ``generate``), only they are reported, and the unplanned rows get no reward. With
+    ``rollplan_generate_planned_only=False`` the same plans generate all 8 and mask 3."""
     srv = server_factory().start()
     rec = Recorder()
-    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3, run_id="trl-mask", g=4,
-                       rollplan_mask_to_plan=True, rollplan_min_rollouts=2, rollplan_rollout_budget=5)
+    run = f"trl-mask-{planned_only}"
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3, run_id=run, g=4,
+                       rollplan_mask_to_plan=True, rollplan_min_rollouts=2, rollplan_rollout_budget=5,
+                       rollplan_generate_planned_only=planned_only)
+    generated = _count_generated(trainer)
     trainer.train()
+    assert sum(generated) == (3 * 5 if planned_only else 3 * B * 4)
+    extra = trainer.rollplan.stats.extra
+    if planned_only:
+        assert extra["completions_generated"] == 15 and extra["completions_skipped"] == 9
     with Client(srv.url) as rp:
         for call in rec.calls:
             step = call["step"][0]
-            plan = rp.plan("trl-mask", B, rollout_budget=5, step=step)
+            plan = rp.plan(run, B, rollout_budget=5, step=step)
             assert sorted(i.rollouts for i in plan.items) == [2, 3]
+            # the trainer still forms groups of num_generations rows (TRL's rewards.view(-1, G))
             assert sorted(call["ids"]) == sorted(p.prompt_id for p in plan.items for _ in range(4))
             for item in plan.items:
-                k = call["ids"].index(item.prompt_id)
-                hist = [h for h in rp.get_prompt("trl-mask", item.prompt_id)["history"] if h["step"] == step]
-                assert [h["rewards"] for h in hist] == [call["rewards"][k:k + item.rollouts]]
-        assert rp.get_run("trl-mask").stats["rollouts"] == 3 * 5
+                rows = [k for k, pid in enumerate(call["ids"]) if pid == item.prompt_id]
+                kept = [k for k in rows if call["copy"][k] < item.rollouts]
+                assert len(kept) == item.rollouts
+                hist = [h for h in rp.get_prompt(run, item.prompt_id)["history"] if h["step"] == step]
+                assert [h["rewards"] for h in hist] == [[call["rewards"][k] for k in kept]]
+                if planned_only:  # an unplanned row's completion is the bare end-of-sequence token
+                    assert all(call["lengths"][k] == 1 for k in rows if k not in kept)
+        assert rp.get_run(run).stats["rollouts"] == 3 * 5
     trainer.rollplan.close()
+
+
+def test_no_url_starts_an_embedded_server_and_resume_reattaches(tmp_path, monkeypatch):
+    """No rollplan_url and no $ROLLPLAN_URL: the trainer starts `rollplan serve` on a free
+    port with SQLite in {output_dir}/rollplan; a trainer resumed from the checkpoint in the
+    same output directory starts a server on the same database and continues the run."""
+    monkeypatch.delenv("ROLLPLAN_URL", raising=False)
+    first = Recorder()
+    t1 = _trainer(tmp_path, None, first, max_steps=2, run_id="trl-embedded", save_steps=2)
+    server = t1.rollplan_server
+    assert server is not None and server.running
+    assert server.database == tmp_path / "out" / "rollplan" / "rollplan.db"
+    t1.train()
+    with Client(server.url) as rp:
+        assert rp.get_run("trl-embedded").stats["results"] == 2 * B
+    t1.rollplan.close()
+    server.stop()
+    assert not server.running
+    second = Recorder()
+    t2 = _trainer(tmp_path, None, second, max_steps=4, run_id="trl-embedded", save_steps=2)
+    assert t2.rollplan_server is not None and t2.rollplan_server.database == server.database
+    out = t2.train(resume_from_checkpoint=True)
+    assert out.global_step == 4
+    assert sorted({c["step"][0] for c in second.calls}) == [2, 3]
+    rec = Recorder()
+    rec.calls = first.calls + second.calls
+    _check_service_matches(t2.rollplan_server.url, "trl-embedded", rec, steps=4)
+    t2.rollplan.close()
+    t2.rollplan_server.stop()

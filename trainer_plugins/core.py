@@ -9,6 +9,10 @@
 - fetches the plan of step ``k + 1`` in a background thread while step ``k`` trains
   (:meth:`RollplanScheduler.plan` / :meth:`prefetch`); a plan is per step on the service,
   so every rank that asks for step ``k`` gets the same prompts;
+- with several ranks, can make one rank (the *leader*) the only one that plans: given a
+  ``broadcast`` function (e.g. ``torch.distributed.broadcast_object_list`` from rank 0),
+  every rank calls :meth:`plan` and gets the leader's plan — the service's, or the
+  leader's uniform fallback — so an outage seen by one rank never splits the ranks;
 - sends reports from a background queue (:meth:`report`, :meth:`flush` at the end of
   training); report ids are deterministic (``{reporter}-{step}-{chunk}``), so a resent
   report is counted once;
@@ -156,6 +160,12 @@ class RollplanScheduler:
         max_retries, backoff, timeout: the client's retry policy while the service is up;
             while it is down, one short attempt per call decides (no long stalls).
         prefetch: fetch the next step's plan in the background.
+        broadcast, leader: for several ranks training on one plan. ``broadcast(obj)`` is
+            a collective called by every rank, in the same order, that returns the
+            leader's ``obj`` on every rank. The leader fetches (or falls back) and the
+            others never call the service for plans. Without ``broadcast`` each rank asks
+            the service itself (same stored plan per step; the uniform fallback is seeded
+            by ``seed`` and the step only).
     """
 
     def __init__(
@@ -181,8 +191,12 @@ class RollplanScheduler:
         backoff: float = 0.5,
         timeout: float = 10.0,
         prefetch: bool = True,
+        broadcast: Callable[[Any], Any] | None = None,
+        leader: bool = True,
     ) -> None:
         self.run_id = run_id
+        self._broadcast = broadcast
+        self.leader = leader
         # An empty mapping makes a report-only scheduler (e.g. verl's replay buffer).
         self.ids = prompt_ids if isinstance(prompt_ids, PromptIds) else PromptIds(prompt_ids)
         self.run_settings: dict[str, Any] = {
@@ -288,12 +302,28 @@ class RollplanScheduler:
     def plan(self, step: int, batch_size: int, rollout_budget: int | None = None) -> LocalPlan:
         """The plan of ``step`` (prefetched when possible); then prefetches ``step + 1``.
 
-        Never raises because of the service: falls back to a uniform plan.
+        Never raises because of the service: falls back to a uniform plan. With a
+        ``broadcast`` function every rank must call it for the same steps in the same
+        order; non-leaders get the leader's plan (an error on the leader, e.g. a batch
+        larger than the dataset, is raised on every rank instead of hanging them).
         """
-        fut = self._take(step, batch_size, rollout_budget)
-        plan = fut.result()
-        if self._prefetch:
-            self.prefetch(step + 1, batch_size, rollout_budget)
+        plan: LocalPlan | BaseException | None = None
+        if self._broadcast is None or self.leader:
+            try:
+                plan = self._take(step, batch_size, rollout_budget).result()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+                if self._broadcast is None:
+                    raise
+                plan = exc
+            if self._prefetch and not isinstance(plan, BaseException):
+                self.prefetch(step + 1, batch_size, rollout_budget)
+        if self._broadcast is not None:
+            plan = self._broadcast(plan)
+        if isinstance(plan, BaseException):
+            raise plan
+        assert plan is not None
+        if not self.leader:
+            self.stats.extra["plans_from_leader"] = self.stats.extra.get("plans_from_leader", 0) + 1
         return plan
 
     def prefetch(self, step: int, batch_size: int, rollout_budget: int | None = None) -> None:

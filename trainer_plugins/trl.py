@@ -24,11 +24,16 @@ What it changes, and nothing else:
   fixed before the rewards of step k are reported: the curriculum reacts with a lag of one
   step. The core also prefetches plan k+1 in a thread while k trains. Both are harmless:
   a plan per step is stored by the service.
-- **Same prompts on every rank.** Every rank iterates its own sampler; each asks the
-  service for the plan of the same step and gets the same stored plan (the API is
-  idempotent per step). If the service is down, every rank falls back to the same seeded
-  uniform plan. (A rank that sees the service while another does not could disagree for
-  that one step; TRL then still trains, with groups formed from what each rank drew.)
+- **Same prompts on every rank.** With several processes only the main process talks to
+  the service: it fetches the plan of each step (or falls back to its seeded uniform plan
+  while the service is down) and broadcasts it to the other ranks
+  (``accelerate.utils.broadcast_object_list``, a collective every rank's sampler calls
+  once per generation batch), so an outage seen by one rank never splits the ranks.
+  Accelerate then shards the generation batch across the ranks as it does TRL's own.
+- **No service to set up.** Without ``rollplan_url`` and ``$ROLLPLAN_URL`` the main
+  process starts an embedded ``rollplan serve`` (``rollplan.plugins.embedded``) on a free
+  local port with SQLite in ``{output_dir}/rollplan/rollplan.db`` for the process's
+  lifetime; a trainer resumed in the same output directory reattaches to that database.
 - **Identity.** Rows carry ``rollplan_step`` and ``rollplan_prompt_id`` (the dataset's
   ``prompt_id`` column, or ``"{prefix}{index}"``), visible to reward functions as extra
   keyword arguments.
@@ -37,15 +42,24 @@ What it changes, and nothing else:
   per step: the weighted sum of the reward functions per completion (as TRL computes it),
   grouped by prompt. Reports are sent by a background thread.
 
-Limits (TRL 1.16): every group has exactly ``num_generations`` completions
-(``rewards.view(-1, G)``). The run is therefore created with ``max_rollouts =
-num_generations``. By default ``min_rollouts = num_generations`` (fixed n). With
-``rollplan_mask_to_plan=True`` the run allows ``min_rollouts`` (default 2), the plan
-spreads ``rollplan_rollout_budget`` rollouts (less than prompts x G) and a prompt
-planned for r < G rollouts still gets G completions generated, but the rewards of the
-last G - r are set to NaN (TRL masks them out of the group baseline and gives them zero
-advantage) and only r rewards are reported: the schedule is honoured for the learning
-signal, not for the generation compute. Iterable datasets are not supported.
+Per-prompt rollout counts (TRL 1.16 forms groups of exactly ``num_generations`` rows:
+``rewards.view(-1, G)``). The run is therefore created with ``max_rollouts =
+num_generations``; by default ``min_rollouts = num_generations`` (fixed n). With
+``rollplan_mask_to_plan=True`` the run allows ``min_rollouts`` (default 2) and the plan
+spreads ``rollplan_rollout_budget`` rollouts (less than prompts x G). A prompt planned for
+r < G rollouts keeps its G rows, but only r of them are generated (rows tagged
+``rollplan_copy`` >= r get a bare end-of-sequence completion without calling the model),
+their rewards are NaN (TRL leaves them out of the group's mean and std and gives them zero
+advantage, so each group's advantages are those of its r real completions) and only the r
+rewards are reported: the plan saves generation compute. Skipping applies to
+transformers' ``generate`` on text prompts; with vLLM, continuous batching, images, ZeRO-3
+or FSDP every row is generated and the extra ones masked (set
+``rollplan_generate_planned_only=False`` to always do that). Iterable datasets are not
+supported.
+
+Async GRPO (TRL's ``AsyncGRPOTrainer`` comes after 1.16): a report's ``step`` is the plan's
+step (= the generation index whose policy produced the rollouts), never the step at which
+the rewards arrive; the service measures staleness from the log.
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .core import LocalPlan, PromptIds, RollplanScheduler
+from .embedded import EmbeddedServer, resolve_url, start_embedded
 
 __all__ = ["RollplanGRPOTrainer", "RollplanSampler", "StepTaggedDataset"]
 
@@ -70,11 +85,22 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 STEP_KEY = "rollplan_step"
 ID_KEY = "rollplan_prompt_id"
+COPY_KEY = "rollplan_copy"
+
+
+def _broadcast_from_main(obj: Any) -> Any:
+    """``obj`` of the main process, on every process (a collective: all ranks call it)."""
+    from accelerate.utils import broadcast_object_list
+
+    box = [obj]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
 
 
 class RollplanSampler(_TorchSampler):
-    """Yields ``(step, index)`` pairs: for each Rollplan step, the planned prompts, each
-    ``num_generations`` times, the whole batch ``repeat_count`` times (TRL's order)."""
+    """Yields ``(step, index, copy)``: for each Rollplan step, the planned prompts, each
+    ``num_generations`` times (``copy`` = 0 .. num_generations - 1), the whole batch
+    ``repeat_count`` times (TRL's order)."""
 
     def __init__(
         self,
@@ -105,7 +131,7 @@ class RollplanSampler(_TorchSampler):
     def __len__(self) -> int:
         return self.draws_per_epoch * self.batch_size * self.num_generations * self.repeat_count
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
         first = self.epoch * self.draws_per_epoch
         for step in range(first, first + self.draws_per_epoch):
             plan = self.scheduler.plan(step, self.batch_size, self.rollout_budget)
@@ -114,13 +140,21 @@ class RollplanSampler(_TorchSampler):
                 del self.plans[old]
             for _ in range(self.repeat_count):
                 for index in plan.indices:
-                    for _ in range(self.num_generations):
-                        yield (step, index)
+                    for copy in range(self.num_generations):
+                        yield (step, index, copy)
+
+    def planned_rollouts(self, step: int, prompt_id: str) -> int | None:
+        """The rollouts the plan of ``step`` gives ``prompt_id`` (None if unknown)."""
+        plan = self.plans.get(step)
+        if plan is None or prompt_id not in plan.prompt_ids:
+            return None
+        return plan.rollouts[plan.prompt_ids.index(prompt_id)]
 
 
 class StepTaggedDataset(_TorchDataset):
-    """The train dataset indexed by ``(step, index)``: each row gets ``rollplan_step`` and
-    ``rollplan_prompt_id``; plain integer indices work as before."""
+    """The train dataset indexed by ``(step, index, copy)``: each row gets
+    ``rollplan_step``, ``rollplan_prompt_id`` and ``rollplan_copy`` (which of the prompt's
+    ``num_generations`` rows it is); plain integer indices work as before."""
 
     def __init__(self, dataset: Any, ids: PromptIds) -> None:
         self.dataset = dataset
@@ -129,11 +163,12 @@ class StepTaggedDataset(_TorchDataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        step, index = key if isinstance(key, tuple) else (-1, key)
+    def __getitem__(self, key: int | tuple[int, ...]) -> dict[str, Any]:
+        step, index, copy = (tuple(key) + (0,))[:3] if isinstance(key, tuple) else (-1, key, 0)
         row = dict(self.dataset[int(index)])
         row[STEP_KEY] = step
         row[ID_KEY] = self.ids.id(int(index))
+        row[COPY_KEY] = copy
         return row
 
 
@@ -171,6 +206,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rollplan_id_prefix: str = "",
         rollplan_strategy: str | Mapping[str, Any] = "default",
         rollplan_mask_to_plan: bool = False,
+        rollplan_generate_planned_only: bool = True,
         rollplan_min_rollouts: int = 2,
         rollplan_rollout_budget: int | None = None,
         rollplan_options: Mapping[str, Any] | None = None,
@@ -187,26 +223,43 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             ids = PromptIds.from_range(len(dataset), rollplan_id_prefix)
         g = self.num_generations
         self.rollplan_mask_to_plan = rollplan_mask_to_plan
+        self.rollplan_generate_planned_only = rollplan_generate_planned_only
         self.rollplan_rollout_budget = rollplan_rollout_budget
+        acc = self.accelerator
+        many = acc.num_processes > 1
+        # No URL: the main process starts an embedded server in the output directory and
+        # every rank learns its URL (only the main process talks to it, see below).
+        url = resolve_url(rollplan_url)
+        self.rollplan_server: EmbeddedServer | None = None
+        if url is None:
+            if acc.is_main_process:
+                self.rollplan_server = start_embedded(self.args.output_dir or "trainer_output")
+                url = self.rollplan_server.url
+            if many:
+                url = _broadcast_from_main(url)
         options = dict(rollplan_options or {})
         options.setdefault("seed", self.args.seed)
         options.setdefault("reporter", "trl")
         self.rollplan = RollplanScheduler(
             rollplan_run_id,
             ids,
-            url=rollplan_url,
+            url=url,
             api_key=rollplan_api_key,
             strategy=rollplan_strategy,
             rollouts_per_prompt=g,
             min_rollouts=min(rollplan_min_rollouts, g) if rollplan_mask_to_plan else g,
             max_rollouts=g,
-            upload=self.accelerator.is_main_process,
+            upload=acc.is_main_process,
+            # Several ranks: the main process plans (service or fallback) and broadcasts.
+            broadcast=_broadcast_from_main if many else None,
+            leader=acc.is_main_process,
             **options,
         )
-        if self.accelerator.is_main_process:
+        if acc.is_main_process:
             self.rollplan.attach()  # uploads the prompt ids; never raises for an outage
-        self.accelerator.wait_for_everyone()
+        acc.wait_for_everyone()
         self._rollplan_sampler: RollplanSampler | None = None
+        self._rollplan_keep: list[bool] | None = None
 
     # -- prompts --------------------------------------------------------------------
     def get_train_dataloader(self):  # noqa: D102 - GRPOTrainer's, over the step-tagged dataset
@@ -240,9 +293,10 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             return rewards_per_func  # evaluation batches are not reported
         from accelerate.utils import gather_object
 
-        keys = gather_object([(int(x[STEP_KEY]), str(x[ID_KEY])) for x in inputs])
+        rows = gather_object([(int(x[STEP_KEY]), str(x[ID_KEY]), int(x.get(COPY_KEY, 0))) for x in inputs])
+        keys = [(step, pid) for step, pid, _ in rows]
         if self.rollplan_mask_to_plan:
-            rewards_per_func = self._mask_to_plan(rewards_per_func, keys)
+            rewards_per_func = self._mask_to_plan(rewards_per_func, rows)
         if self.accelerator.is_main_process:
             try:
                 self._report_rewards(rewards_per_func, keys)
@@ -250,19 +304,74 @@ class RollplanGRPOTrainer(_GRPOTrainer):
                 logger.exception("Rollplan: could not queue the rewards of this batch")
         return rewards_per_func
 
-    def _mask_to_plan(self, rewards_per_func, keys):
-        g = self.num_generations
+    def _planned(self, step: int, prompt_id: str) -> int:
         sampler = self._rollplan_sampler
+        planned = sampler.planned_rollouts(step, prompt_id) if sampler is not None else None
+        return self.num_generations if planned is None else planned
+
+    def _mask_to_plan(self, rewards_per_func, rows):
+        """NaN the rewards of the rows past each prompt's planned count (TRL leaves NaN
+        rewards out of the group baseline and gives them zero advantage)."""
         rewards_per_func = rewards_per_func.clone()
-        for start in range(0, len(keys), g):
-            step, pid = keys[start]
-            plan = sampler.plans.get(step) if sampler is not None else None
-            if plan is None or pid not in plan.prompt_ids:
-                continue
-            planned = plan.rollouts[plan.prompt_ids.index(pid)]
-            if planned < g:
-                rewards_per_func[start + planned : start + g] = float("nan")
+        for k, (step, pid, copy) in enumerate(rows):
+            if copy >= self._planned(step, pid):
+                rewards_per_func[k] = float("nan")
         return rewards_per_func
+
+    # -- generation: only the planned completions -----------------------------------
+    def _generate_and_score_completions(self, inputs):
+        if (
+            self.rollplan_mask_to_plan
+            and self.rollplan_generate_planned_only
+            and self.model.training
+            and inputs
+            and STEP_KEY in inputs[0]
+        ):
+            self._rollplan_keep = [
+                int(x.get(COPY_KEY, 0)) < self._planned(int(x[STEP_KEY]), str(x[ID_KEY])) for x in inputs
+            ]
+        try:
+            return super()._generate_and_score_completions(inputs)
+        finally:
+            self._rollplan_keep = None
+
+    def _can_skip_generation(self, images: Any, multimodal_fields: Any) -> bool:
+        """Rows can be left out of generation with transformers' ``generate`` on plain
+        text prompts. vLLM (it groups prompts by ``num_generations``), continuous batching,
+        images and sharded generation (ZeRO-3, FSDP: every rank must generate) fall back
+        to generating every row and masking the extra rewards."""
+        if self.use_vllm or getattr(self, "use_transformers_continuous_batching", False):
+            return False
+        if images is not None or multimodal_fields:
+            return False
+        ds = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if ds is not None and getattr(ds, "zero_stage", 0) == 3:
+            return False
+        return getattr(self.accelerator.state, "fsdp_plugin", None) is None
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        keep = self._rollplan_keep
+        if keep is None or len(keep) != len(prompt_ids) or not self._can_skip_generation(images, multimodal_fields):
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        kept = [k for k, flag in enumerate(keep) if flag]
+        stats = self.rollplan.stats.extra
+        stats["completions_generated"] = stats.get("completions_generated", 0) + len(kept)
+        stats["completions_skipped"] = stats.get("completions_skipped", 0) + len(keep) - len(kept)
+        completion_ids: list[list[int]] = [[self.eos_token_ids[0]] for _ in prompt_ids]
+        logprobs: list[list[float]] | None = None
+        if kept:
+            sub_ids, sub_logprobs = super()._generate_single_turn(
+                [prompt_ids[k] for k in kept], images, multimodal_fields, num_generations, has_tool_images
+            )
+            for k, ids in zip(kept, sub_ids, strict=True):
+                completion_ids[k] = ids
+            if sub_logprobs is not None:
+                logprobs = [[0.0] for _ in prompt_ids]
+                for k, lp in zip(kept, sub_logprobs, strict=True):
+                    logprobs[k] = lp
+        return completion_ids, logprobs
 
     def _report_rewards(self, rewards_per_func, keys) -> None:
         import torch
