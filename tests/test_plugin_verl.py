@@ -250,3 +250,34 @@ def test_v1_trainer_plans_prompts_and_replay_buffer_reports(server_factory, tmp_
             assert len(hist["rewards"]) == item.rollouts  # the __rollout_n__ sessions came back
     tq.kv_clear(keys=list(meta.keys), partition_id="train")
     trainer.train_dataset.rollplan.close()
+
+
+def test_no_url_starts_an_embedded_server_in_the_driver(tmp_path, monkeypatch):
+    """No data.rollplan.url and no $ROLLPLAN_URL: the dataset starts an embedded server
+    (SQLite in data.rollplan.dir) and serves its plans; the replay buffer of the same run,
+    in the same process, reports to it through the shared scheduler."""
+    from omegaconf import OmegaConf
+
+    from rollplan.plugins import embedded
+    from rollplan.plugins.verl import RollplanReplayBuffer
+
+    monkeypatch.delenv("ROLLPLAN_URL", raising=False)
+    config = _data_config(tmp_path, None, "verl-embedded")
+    config.rollplan.dir = str(tmp_path / "rp")
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    train = create_rl_dataset(config.train_files, config, _tokenizer(), None, is_train=True)
+    server = embedded._STARTED[(tmp_path / "rp").resolve()]
+    try:
+        assert server.running and server.database == (tmp_path / "rp" / "rollplan.db").resolve()
+        assert train.rollplan._client.base_url == server.url
+        batch = next(iter(_loader(train, OmegaConf.create(config))))
+        with Client(server.url) as rp:
+            plan = rp.plan("verl-embedded", BATCH, step=0)
+            assert not plan.created and list(batch["rollplan_prompt_id"]) == [i.prompt_id for i in plan.items]
+        buffer = RollplanReplayBuffer.__new__(RollplanReplayBuffer)
+        buffer.rollplan_run_id, buffer.rollplan_url, buffer.rollplan_options = "verl-embedded", None, {}
+        assert buffer.rollplan is train.rollplan  # the same process-wide scheduler
+    finally:
+        train.rollplan.close()
+        server.stop()

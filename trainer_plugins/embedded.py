@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["EmbeddedServer", "resolve_url", "start_embedded"]
+__all__ = ["EmbeddedServer", "resolve_url", "service_url", "start_embedded"]
 
 logger = logging.getLogger("rollplan.plugins")
 
@@ -139,3 +139,22 @@ def resolve_url(url: str | None) -> str | None:
     means "start an embedded server"."""
     url = url or os.environ.get("ROLLPLAN_URL") or None
     return None if url == EMBEDDED else url
+
+
+_STARTED: dict[Path, EmbeddedServer] = {}
+
+
+def service_url(url: str | None, directory: str | os.PathLike[str]) -> str:
+    """``url`` (or ``$ROLLPLAN_URL``); without one, the URL of this process's embedded
+    server for ``directory`` (started the first time; two plugin parts of one trainer —
+    verl's dataset and replay buffer — share it)."""
+    resolved = resolve_url(url)
+    if resolved is not None:
+        return resolved
+    key = Path(directory).resolve()
+    server = _STARTED.get(key)
+    if server is None or not server.running:
+        server = _STARTED[key] = EmbeddedServer(key)
+        server.start()
+    assert server.url is not None
+    return server.url

@@ -27,6 +27,18 @@ filtering (``--algo.dynamic_filtering_enable``) still works and draws replacemen
 the next plan. Async mode (``--train.async_enable``) is not supported: its
 ``GenerateSamplesActor`` owns another dataloader.
 
+Without ``--rollplan.url`` and ``$ROLLPLAN_URL`` the launcher starts an embedded
+``rollplan serve`` (SQLite in ``{--ckpt.output_dir}/rollplan``) for its lifetime and hands
+its URL to the actors of the node.
+
+Several processes: the prompt loader lives in the one trainer actor (OpenRLHF's
+single controller), so one process plans; the reward module runs inside every vLLM
+engine actor and reports each prompt's group once its n samples are in (a group is
+scored in one engine). Policy version -> report step: a label carries the step of the
+plan it was drawn for, and the reward module reports under that step. In async mode
+(not supported yet: ``GenerateSamplesActor`` owns its own dataloader) samples of an older
+policy would still report their plan's step and arrive late.
+
 What runs where: the trainer actor and the vLLM engines need GPUs (flash-attn, vLLM);
 :class:`RollplanPromptLoader` and the reward module are plain Python and tested on CPU.
 """
@@ -39,9 +51,11 @@ import os
 import runpy
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler
+from rollplan.plugins.embedded import resolve_url, service_url
 from rollplan.plugins.openrlhf_reward import decode_label, encode_label
 
 __all__ = ["RollplanPromptLoader", "main", "rollplan_trainer_class"]
@@ -183,6 +197,16 @@ def _split_argv(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     return ours, rest
 
 
+def _flag(argv: Sequence[str], name: str, default: str) -> str:
+    """The value of ``name`` in ``argv`` (``--name value`` or ``--name=value``)."""
+    for k, arg in enumerate(argv):
+        if arg == name and k + 1 < len(argv):
+            return argv[k + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m rollplan.plugins.openrlhf [--rollplan.* flags] [train_ppo_ray flags]``."""
     ours, rest = _split_argv(sys.argv[1:] if argv is None else argv)
@@ -190,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.environ[f"ROLLPLAN_{key.upper()}"] = value
     if "--train.async_enable" in rest:
         raise SystemExit("rollplan.plugins.openrlhf supports the synchronous trainer only")
+    if resolve_url(os.environ.get("ROLLPLAN_URL")) is None:
+        # No service: an embedded one next to the checkpoints, for this launcher's lifetime;
+        # the Ray actors of this node reach it through $ROLLPLAN_URL.
+        os.environ["ROLLPLAN_URL"] = service_url(None, Path(_flag(rest, "--ckpt.output_dir", "./ckpt")) / "rollplan")
     if not any(a.startswith("--reward.remote_url") for a in rest):
         from rollplan.plugins import openrlhf_reward
 
