@@ -174,110 +174,127 @@ class Ingest:
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)
 
     # -- prompts ------------------------------------------------------------------------
-    def upsert_prompts(self, run_id: str, body: schemas.PromptsIn) -> schemas.PromptsAck:
-        items = body.prompts
+    def upsert_prompts(self, run_id: str, body: schemas.PromptsIn | list[schemas.PromptRow]) -> schemas.PromptsAck:
+        """Create or update prompts. ``body``: the validated request (``PromptsIn``) or
+        its prompts as dicts holding the fields sent (``PromptRow``, the route's fast
+        path). Column-wise: no Python object per prompt beyond the parsed dicts."""
+        items = body if isinstance(body, list) else [p.model_dump(exclude_unset=True) for p in body.prompts]
         cfg = self.settings
         if len(items) > cfg.max_prompts_per_request:
             raise TooLarge(
                 f"prompts: {len(items)} items exceed the limit of {cfg.max_prompts_per_request} "
                 "per request; split the upload into chunks"
             )
-        too_long = [
-            (i, p.id, f"text longer than {cfg.max_text_chars} characters")
-            for i, p in enumerate(items)
-            if p.text is not None and len(p.text) > cfg.max_text_chars
-        ]
-        if too_long:
-            raise Invalid(f"prompts[{too_long[0][0]}].text: {too_long[0][2]}", errors=item_errors("prompts", too_long))
-        seen: dict[str, int] = {}
-        dups = []
-        for i, p in enumerate(items):
-            if p.id in seen:
-                dups.append((i, p.id, f"duplicate of prompts[{seen[p.id]}] in the same request"))
-            seen[p.id] = i
-        if dups:
+        ids = [p["id"] for p in items]
+        sent: set[str] = set().union(*items)  # the fields any prompt of the request sets
+        if "text" in sent:
+            limit = cfg.max_text_chars
+            too_long = [
+                (i, p["id"], f"text longer than {limit} characters")
+                for i, p in enumerate(items)
+                if p.get("text") is not None and len(p["text"]) > limit
+            ]
+            if too_long:
+                raise Invalid(
+                    f"prompts[{too_long[0][0]}].text: {too_long[0][2]}", errors=item_errors("prompts", too_long)
+                )
+        if len(set(ids)) < len(ids):
+            seen: dict[str, int] = {}
+            dups = []
+            for i, pid in enumerate(ids):
+                if pid in seen:
+                    dups.append((i, pid, f"duplicate of prompts[{seen[pid]}] in the same request"))
+                seen[pid] = i
             raise Invalid(f"prompts[{dups[0][0]}].id: {dups[0][2]}", errors=item_errors("prompts", dups))
 
-        sched = {"domain", "prior_pass_rate", "prior_strength"}
         with write_session(self.sessions, run_id) as s:
             run = repo.run_by_id(s, run_id)
             if run is None:
                 raise run_not_found(run_id)
             state = self.store.state(s, run)
             version = run.prompt_version + 1
-            new_rows: list[dict[str, Any]] = []
+            found = state.lookup(ids)
+            new_at = np.flatnonzero(found < 0)
+            upd_at = np.flatnonzero(found >= 0)
+            first = run.n_prompts
+            new_ords = np.arange(first, first + new_at.size, dtype=np.int64)
+            k = new_at.size
+            # The new prompts column by column (None: not sent, NULL), in request order.
+            every = k == len(items)
+            new_items = items if every else [items[i] for i in new_at.tolist()]
+            cols: dict[str, list[Any]] = {"id": ids if every else [ids[i] for i in new_at.tolist()]}
+            for name in ("domain", "tags", "prior_pass_rate", "text", "embedding"):
+                if name in sent:
+                    cols[name] = [p.get(name) for p in new_items]
+            none: list[Any] = [None] * k
+            domains = cols.get("domain", none)
+            priors = np.array(cols.get("prior_pass_rate", none), dtype=np.float64)
+            strengths = np.full(k, np.nan)
+            if k and run.settings.get("warm_start_from"):
+                self._warm_start_priors(s, run.settings["warm_start_from"], cols["id"], priors, strengths)
+                cols["prior_pass_rate"] = repo.nullable(priors)
+                cols["prior_strength"] = repo.nullable(strengths)
+            # Updates: only the fields each prompt sent change.
             upd_rows: list[dict[str, Any]] = []
-            upd_sched: list[dict[str, Any]] = []
-            for p in items:
-                o = state.index.get(p.id)
-                if o is None:
-                    new_rows.append(
-                        {
-                            "run_pk": run.pk,
-                            "ordinal": run.n_prompts + len(new_rows),
-                            "id": p.id,
-                            "domain": p.domain,
-                            "tags": p.tags,
-                            "prior_pass_rate": p.prior_pass_rate,
-                            "prior_strength": None,
-                            "text": p.text,
-                            "embedding": p.embedding,
-                            "version": version,
-                        }
-                    )
-                else:
-                    row = {"run_pk": run.pk, "ordinal": o, "version": version}
-                    row.update(p.model_dump(include=p.model_fields_set - {"id"}))
+            sched_ords = np.zeros(0, np.int64)
+            sched_rows: list[dict[str, Any]] = []
+            if upd_at.size:
+                upd_ords = found[upd_at]
+                for i, o in zip(upd_at.tolist(), upd_ords.tolist()):
+                    row = {"run_pk": run.pk, "ordinal": o, "version": version, **items[i]}
+                    del row["id"]
                     upd_rows.append(row)
-                    if sched & p.model_fields_set:
-                        upd_sched.append(row)
-            if new_rows and run.settings.get("warm_start_from"):
-                self._warm_start_priors(s, run.settings["warm_start_from"], new_rows)
-            # The event: every created prompt, and every update that set a scheduling
-            # field, with the fields as stored after this upsert.
-            stored = repo.scheduling_fields(s, run.pk, [r["ordinal"] for r in upd_sched])
-            ev_rows: list[tuple[int, bool, str | None, float | None, float | None]] = [
-                (r["ordinal"], True, r["domain"], r["prior_pass_rate"], r["prior_strength"]) for r in new_rows
-            ]
-            for r in upd_sched:
-                d, pr, st = stored[r["ordinal"]]
-                ev_rows.append(
-                    (r["ordinal"], False, r.get("domain", d), r.get("prior_pass_rate", pr), r.get("prior_strength", st))
-                )
-            ev_rows.sort(key=lambda r: r[0])  # the order the log is read back in
-            created = {r["ordinal"]: r["id"] for r in new_rows}
-            repo.write_prompts(s, new_rows, upd_rows)
-            run.n_prompts += len(new_rows)
+                is_sched = np.fromiter((not SCHED.isdisjoint(items[i]) for i in upd_at.tolist()), bool, upd_at.size)
+                order = np.argsort(upd_ords[is_sched], kind="stable")
+                sched_ords = upd_ords[is_sched][order]
+                sched_rows = [upd_rows[j] for j in np.flatnonzero(is_sched)[order].tolist()]
+            # The event, in ordinal order (the order the log is read back in): every update
+            # that set a scheduling field, with the fields as stored after this upsert (all
+            # older prompts), then every created prompt.
+            stored = repo.scheduling_fields(s, run.pk, sched_ords.tolist())
+            upd_dom = [r["domain"] if "domain" in r else stored[r["ordinal"]][0] for r in sched_rows]
+            upd_pr = [r["prior_pass_rate"] if "prior_pass_rate" in r else stored[r["ordinal"]][1] for r in sched_rows]
+            upd_st = [stored[r["ordinal"]][2] for r in sched_rows]
+            repo.insert_prompts(s, run.pk, first, version, cols)
+            repo.update_prompts(s, upd_rows)
+            run.n_prompts += k
             run.prompt_version = version
             event = None
-            if ev_rows:
+            if k or sched_rows:
                 seq = repo.take_seq(s, run)
-                repo.insert_prompt_events(s, run.pk, seq, ev_rows)
-                ids = [created.get(r[0]) for r in ev_rows]
+                n_upd = len(sched_rows)
+                ev_priors = np.concatenate([np.array(upd_pr, dtype=np.float64).reshape(n_upd), priors])
+                ev_strengths = np.concatenate([np.array(upd_st, dtype=np.float64).reshape(n_upd), strengths])
                 event = PromptsEvent(
                     seq=seq,
-                    ordinals=np.array([r[0] for r in ev_rows], np.int64),
-                    ids=ids,
-                    domains=[r[2] for r in ev_rows],
-                    priors=np.array([np.nan if r[3] is None else r[3] for r in ev_rows], np.float64),
-                    strengths=np.array([np.nan if r[4] is None else r[4] for r in ev_rows], np.float64),
+                    ordinals=np.concatenate([sched_ords, new_ords]),
+                    ids=[None] * n_upd + cols["id"],
+                    domains=upd_dom + list(domains),
+                    priors=ev_priors,
+                    strengths=ev_strengths,
                 )
+                repo.insert_prompt_events(s, run.pk, seq, event, n_upd)
         if event is not None:
             self.store.advance(state, event)
-        return schemas.PromptsAck(created=len(new_rows), updated=len(upd_rows))
+        return schemas.PromptsAck(created=k, updated=len(upd_rows))
 
-    def _warm_start_priors(self, s: Session, source_id: str, rows: list[dict[str, Any]]) -> None:
-        """Seed new prompts without a client prior from the source run's posterior."""
+    def _warm_start_priors(
+        self, s: Session, source_id: str, ids: list[str], priors: np.ndarray, strengths: np.ndarray
+    ) -> None:
+        """Seed new prompts without a client prior from the source run's posterior (in place)."""
         source = repo.run_by_id(s, source_id)
         if source is None:
             return
         src = self.store.state(s, source)
-        todo = [r for r in rows if r["prior_pass_rate"] is None]
+        todo = np.flatnonzero(np.isnan(priors))
         with src.read() as pool:
-            o = src.lookup([r["id"] for r in todo])
+            o = src.lookup([ids[i] for i in todo.tolist()])
             known = np.flatnonzero(o >= 0)
             known = known[pool.groups[o[known]] > 0]
             a, b = pool.posterior(o[known])
-        for i, aa, bb in zip(known.tolist(), a.tolist(), b.tolist()):
-            todo[i]["prior_pass_rate"] = aa / (aa + bb)
-            todo[i]["prior_strength"] = min(aa + bb, WARM_START_MAX_STRENGTH)
+        at = todo[known]
+        priors[at] = a / (a + b)
+        strengths[at] = np.minimum(a + b, WARM_START_MAX_STRENGTH)
+
+
+SCHED = frozenset({"domain", "prior_pass_rate", "prior_strength"})

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from typing_extensions import NotRequired, TypedDict
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 PROMPT_ID_PATTERN = r"^[A-Za-z0-9._:/-]{1,200}$"
@@ -126,18 +127,22 @@ class RunPage(Page):
 
 
 # -- prompts ----------------------------------------------------------------------
+Tags = Annotated[list[ShortStr], Field(max_length=64)]
+PriorPassRate = Annotated[float, Field(ge=0.0, le=1.0)]
+PromptText = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+Embedding = Annotated[list[FiniteFloat], Field(min_length=1, max_length=MAX_EMBEDDING_DIM)]
+
+
 class PromptIn(Strict):
     id: PromptId
     domain: ShortStr | None = None
-    tags: list[ShortStr] | None = Field(None, max_length=64)
-    prior_pass_rate: float | None = Field(None, ge=0.0, le=1.0)
-    text: Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")] | None = Field(
+    tags: Tags | None = None
+    prior_pass_rate: PriorPassRate | None = None
+    text: PromptText | None = Field(
         None, description="Optional prompt text: at most the server's max_text_chars (422 above); no NUL characters."
     )
-    embedding: list[FiniteFloat] | None = Field(
+    embedding: Embedding | None = Field(
         None,
-        min_length=1,
-        max_length=MAX_EMBEDDING_DIM,
         description="Optional embedding vector of the prompt (finite numbers, at most "
         f"{MAX_EMBEDDING_DIM}), e.g. from the trainer's own encoder. An input of the learned pass-rate "
         "predictor (strategies with `predictor: true`), beside the hashed n-grams of `text`, its domain and the "
@@ -149,6 +154,30 @@ class PromptsIn(Strict):
     prompts: list[PromptIn] = Field(
         ..., min_length=1, description="At most the server's max_prompts_per_request items (413 above)."
     )
+
+
+class PromptRow(TypedDict):
+    """``PromptIn`` as the upsert route validates it: a dict holding the fields sent (so
+    an omitted field is absent, not None), about half the validation time of the model
+    for a 10,000-prompt request. Same fields and constraints; the OpenAPI document shows
+    ``PromptIn`` (tests/test_ingest_speed_paths.py checks that the two agree)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    id: PromptId
+    domain: NotRequired[ShortStr | None]
+    tags: NotRequired[Tags | None]
+    prior_pass_rate: NotRequired[PriorPassRate | None]
+    text: NotRequired[PromptText | None]
+    embedding: NotRequired[Embedding | None]
+
+
+class PromptRows(TypedDict):
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
+    prompts: Annotated[list[PromptRow], Field(min_length=1)]
+
+
+PROMPTS_BODY: TypeAdapter[PromptRows] = TypeAdapter(PromptRows)
+PROMPT_LINE: TypeAdapter[PromptRow] = TypeAdapter(PromptRow)
 
 
 class PromptsAck(BaseModel):

@@ -61,7 +61,8 @@ class Run(Base):
 class Prompt(Base):
     __tablename__ = "prompts"
 
-    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    # No foreign key (migration 0008): written in bulk under the run's lock; runs are never deleted.
+    run_pk: Mapped[int] = mapped_column(Integer, primary_key=True)
     ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
     id: Mapped[str] = mapped_column(String(ID_LEN), nullable=False)
     domain: Mapped[str | None] = mapped_column(String(ID_LEN))
@@ -195,7 +196,7 @@ class PromptEvent(Base):
 
     __tablename__ = "prompt_events"
 
-    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    run_pk: Mapped[int] = mapped_column(Integer, primary_key=True)  # no foreign key (migration 0008)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     ordinal: Mapped[int] = mapped_column(Integer, primary_key=True)
     created: Mapped[bool] = mapped_column(Boolean, nullable=False)

@@ -7,6 +7,7 @@ PostgreSQL, one executemany on SQLite (``db.bulk_insert``), built column-wise.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -260,16 +261,84 @@ def scheduling_fields(s: Session, run_pk: int, ordinals: list[int]) -> dict[int,
     return {o: (d, p, st) for o, d, p, st in rows}
 
 
-def write_prompts(s: Session, new_rows: list[dict[str, Any]], upd_rows: list[dict[str, Any]]) -> None:
-    if new_rows:
-        s.execute(insert(Prompt), new_rows)
-    if upd_rows:
-        s.execute(update(Prompt), upd_rows)
+def insert_prompts(s: Session, run_pk: int, first: int, version: int, cols: dict[str, list[Any]]) -> None:
+    """New prompts, column-wise: ``cols`` maps a column of ``prompts`` (``id`` and any of
+    ``PROMPT_VALUE_COLUMNS``) to its values in ordinal order from ``first`` (None: NULL;
+    JSON columns hold Python values). The caller holds the run's lock and has checked
+    that the ids are new: one COPY on PostgreSQL, one executemany on SQLite."""
+    k = len(cols["id"])
+    if not k:
+        return
+    names = ("id", *(c for c in PROMPT_VALUE_COLUMNS if c in cols))
+    columns = ("run_pk", "ordinal", "version", *names)
+    if is_postgres(s):
+        fields = [[str(run_pk)] * k, [str(o) for o in range(first, first + k)], [str(version)] * k]
+        fields += [_copy_column(c, cols[c]) for c in names]
+        copy_text(s, "prompts", columns, "\n".join(map("\t".join, zip(*fields))) + "\n")
+        return
+    values = [cols[c] if c not in JSON_COLUMNS else _json_column(cols[c]) for c in names]
+    rows = list(zip([run_pk] * k, range(first, first + k), [version] * k, *values))
+    bulk_insert(s, "prompts", columns, rows)
 
 
-def insert_prompt_events(s: Session, run_pk: int, seq: int, rows: list[tuple]) -> None:
-    """``rows``: (ordinal, created, domain, prior_pass_rate, prior_strength)."""
-    bulk_insert(s, "prompt_events", PROMPT_EVENT_COLUMNS, [(run_pk, seq, *r) for r in rows])
+def update_prompts(s: Session, rows: list[dict[str, Any]]) -> None:
+    """Existing prompts: each row (``run_pk``, ``ordinal``, ``version`` and the fields
+    sent) changes only the fields it holds."""
+    if rows:
+        s.execute(update(Prompt), rows)
+
+
+def insert_prompt_events(s: Session, run_pk: int, seq: int, event: PromptsEvent, n_updates: int) -> None:
+    """The upsert's ``prompt_events`` rows: its first ``n_updates`` entries are updates
+    (created false), the rest created prompts."""
+    k = event.ordinals.size
+    created = [False] * n_updates + [True] * (k - n_updates)
+    priors, strengths = nullable(event.priors), nullable(event.strengths)
+    if is_postgres(s):
+        fields = [
+            [str(run_pk)] * k,
+            [str(seq)] * k,
+            event.ordinals.astype(str).tolist(),
+            ["f"] * n_updates + ["t"] * (k - n_updates),
+            _copy_column("domain", event.domains),
+            _copy_column("prior_pass_rate", priors),
+            _copy_column("prior_strength", strengths),
+        ]
+        copy_text(s, "prompt_events", PROMPT_EVENT_COLUMNS, "\n".join(map("\t".join, zip(*fields))) + "\n")
+        return
+    rows = list(zip([run_pk] * k, [seq] * k, event.ordinals.tolist(), created, event.domains, priors, strengths))
+    bulk_insert(s, "prompt_events", PROMPT_EVENT_COLUMNS, rows)
+
+
+PROMPT_VALUE_COLUMNS = ("domain", "tags", "prior_pass_rate", "prior_strength", "text", "embedding")
+JSON_COLUMNS = frozenset({"tags", "embedding"})
+_COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def nullable(x: np.ndarray) -> list[float | None]:
+    """A float column with NaN as None (NULL)."""
+    return [None if v != v else v for v in x.tolist()]
+
+
+def _json_column(values: list[Any]) -> list[str | None]:
+    return [None if v is None else json.dumps(v) for v in values]
+
+
+def _copy_column(name: str, values: list[Any]) -> list[str]:
+    """A column's values as COPY text fields (``\\N``: NULL)."""
+    if name in JSON_COLUMNS:
+        values = _json_column(values)
+    elif name in ("prior_pass_rate", "prior_strength"):
+        return ["\\N" if v is None else repr(float(v)) for v in values]
+    if None not in values:
+        blob = "".join(values)
+        if not ("\\" in blob or "\t" in blob or "\n" in blob or "\r" in blob):
+            return values  # nothing to escape (ids always: their pattern has no such character)
+    distinct = set(values)
+    if len(distinct) * 4 < len(values):  # labels (domains): each escaped once
+        token = {v: "\\N" if v is None else v.translate(_COPY_ESCAPE) for v in distinct}
+        return [token[v] for v in values]
+    return ["\\N" if v is None else v.translate(_COPY_ESCAPE) for v in values]
 
 
 def history(s: Session, run_pk: int, ordinal: int, limit: int | None = None) -> list[dict[str, Any]]:
