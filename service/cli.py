@@ -186,6 +186,7 @@ BENCHMARKS = {
     "load": "rollplan.benchmarks.load",
     "suite": "rollplan.benchmarks.suite",
     "fold": "rollplan.benchmarks.fold",
+    "scale": "rollplan.benchmarks.scale",
 }
 
 

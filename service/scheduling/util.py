@@ -8,7 +8,7 @@ INT32_MAX = np.iinfo(np.int32).max
 # Capacity grows by doubling while small, by 1/16 once an array passes this many rows: the
 # slack of a large pool stays under 6.25 % (state is sized per prompt), and appending N
 # rows in chunks still copies only O(N) in all (about 17 N).
-_FINE_GROWTH_ROWS = 1 << 20
+_FINE_GROWTH_ROWS = 1 << 18
 
 
 def capacity(have: int, size: int) -> int:
