@@ -1,13 +1,19 @@
-"""Service speed: plan latency against pool size and reward ingestion rate, on
-SQLite and PostgreSQL, through a real ``rollplan serve`` process over HTTP.
+"""Service speed: plan latency against pool size, prompt registration rate and reward
+ingestion rate, on SQLite and PostgreSQL, through a real ``rollplan serve`` process over HTTP.
 
     python -m rollplan.benchmarks.speed [--smoke] [--out DIR] [--pools 10000,100000]
+        [--sections plans,register,ingest] [--register-pool N] [--old TREE --rounds R]
 
 Prints markdown tables and writes ``speed.json`` and ``speed_latency.png`` (plan p50 against
 pool size, log–log, with the floor) to ``--out``. Floors measured
 in the same run sit next to each figure: one ``numpy.argpartition`` over the
-pool (the least any top-k plan must do) and raw psycopg ``COPY`` of the same
-reward rows into the same PostgreSQL.
+pool (the least any top-k plan must do), and raw psycopg ``COPY`` of the same reward
+rows, and of comparable prompt rows, into the same PostgreSQL database, both into a
+TEMP table (no write-ahead log: the floor the targets are stated against) and into an
+ordinary table (durable at commit, as the service's writes are), with the ratios.
+``--old TREE`` measures the server of another source tree too (e.g. ``git worktree add
+/tmp/old HEAD~3``), alternating with this code's ``--rounds`` times, each in a fresh
+database: old and new side by side in one run.
 """
 
 from __future__ import annotations
@@ -72,9 +78,13 @@ def rss_mb(pid: int) -> float | None:
 
 
 @contextmanager
-def server(database_url: str, workdir: Path, workers: int = 1):
+def server(database_url: str, workdir: Path, workers: int = 1, code: str | None = None):
+    """A ``rollplan serve`` process; ``code``: run the server from that source tree instead
+    (a checkout or ``git worktree`` of another commit; see :func:`package_shim`)."""
     port = _free_port()
     env = {**os.environ, "ROLLPLAN_DATABASE_URL": database_url}
+    if code is not None:
+        env["PYTHONPATH"] = package_shim(Path(code), workdir)
     log = open(workdir / f"server-{port}.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(port), "--log-level", "warning",
@@ -97,6 +107,22 @@ def server(database_url: str, workdir: Path, workers: int = 1):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def package_shim(tree: Path, workdir: Path) -> str:
+    """A folder holding a ``rollplan`` package that maps onto source tree ``tree`` the way
+    pyproject's ``package-dir`` does (its clients/ copied, the rest linked): put first on
+    PYTHONPATH, a server process imports that tree's code instead of the installed one."""
+    root = workdir / f"shim-{abs(hash(str(tree.resolve()))):x}"
+    pkg = root / "rollplan"
+    if not pkg.exists():
+        import shutil
+
+        shutil.copytree(tree / "clients", pkg)
+        for name, folder in (("service", "service"), ("plugins", "trainer_plugins"), ("migrations", "migrations"),
+                             ("benchmarks", "benchmarks")):
+            (pkg / name).symlink_to((tree / folder).resolve(), target_is_directory=True)
+    return str(root)
 
 
 def argpartition_floor(n: int, k: int, repeats: int) -> float:
@@ -188,14 +214,16 @@ def bench_ingest(url: str, clients: int, reports_each: int, groups: int, rewards
             "report_p99_s": float(np.quantile(lat, 0.99))}
 
 
-def raw_copy_rate(pg_url: str, reports: int, groups: int, rewards: int) -> float:
+def raw_copy_rate(pg_url: str, reports: int, groups: int, rewards: int, logged: bool = False) -> float:
     """psycopg COPY of the same rows into a results table of the same shape, one
-    transaction per report: the floor for ingestion on PostgreSQL."""
+    transaction per report: the floor for ingestion on PostgreSQL. A TEMP table (no
+    write-ahead log, so a commit waits for no disk flush), or with ``logged`` an ordinary
+    table, durable at commit like the service's."""
     import psycopg
 
     rng = np.random.default_rng(5)
     with psycopg.connect(pg_url) as conn:
-        conn.execute("CREATE TEMP TABLE raw_results (LIKE results INCLUDING ALL)")
+        conn.execute(f"CREATE {'' if logged else 'TEMP '}TABLE raw_results (LIKE results INCLUDING ALL)")
         conn.commit()
         t0 = time.perf_counter()
         for r in range(reports):
@@ -212,7 +240,76 @@ def raw_copy_rate(pg_url: str, reports: int, groups: int, rewards: int) -> float
                 cp.write(lines)
             conn.commit()
         wall = time.perf_counter() - t0
+        if logged:
+            conn.execute("DROP TABLE raw_results")
+            conn.commit()
     return reports * groups * rewards / wall
+
+
+def _prompt_chunks(pool: int, chunk: int) -> list[bytes]:
+    """The registration bodies, JSON-encoded before the clock starts (the server's work is timed)."""
+    return [json.dumps({"prompts": [{"id": f"p/{i}", "domain": f"d{i % 8}"} for i in range(lo, min(pool, lo + chunk))]},
+                       separators=(",", ":")).encode() for lo in range(0, pool, chunk)]
+
+
+def bench_register(url: str, pool: int, chunk: int) -> dict:
+    """Registering ``pool`` new prompts through ``POST …/prompts``, ``chunk`` per request
+    (bodies encoded beforehand), and the rate of the first and last tenth of the requests
+    (does it fall as the pool grows?)."""
+    run = f"register-{pool}-{uuid.uuid4().hex[:6]}"
+    bodies = _prompt_chunks(pool, chunk)
+    with httpx.Client(base_url=url, timeout=600, headers={"content-type": "application/json"}) as c:
+        c.put(f"/v1/runs/{run}", json={"rollouts_per_prompt": 16}).raise_for_status()
+        ts = []
+        t0 = time.perf_counter()
+        for body in bodies:
+            t = time.perf_counter()
+            r = c.post(f"/v1/runs/{run}/prompts", content=body)
+            ts.append(time.perf_counter() - t)
+            assert r.status_code == 200 and r.json()["created"] > 0, r.text
+        wall = time.perf_counter() - t0
+    tenth = max(1, len(ts) // 10)
+    return {"pool": pool, "chunk": chunk, "requests": len(bodies), "wall_s": wall, "prompts_per_s": pool / wall,
+            "first_tenth_prompts_per_s": min(chunk, pool) * tenth / sum(ts[:tenth]),
+            "last_tenth_prompts_per_s": min(chunk, pool) * tenth / sum(ts[-tenth:])}
+
+
+def bench_register_client(url: str, pool: int, chunk: int) -> dict:
+    """The same through the Python client's ``upsert_prompts`` (its own encoding and
+    upload included): what a user's script sees."""
+    from rollplan import Client
+
+    run = f"register-client-{pool}-{uuid.uuid4().hex[:6]}"
+    prompts = [{"id": f"p/{i}", "domain": f"d{i % 8}"} for i in range(pool)]
+    with Client(url, timeout=600) as c:
+        c.put_run(run, rollouts_per_prompt=16)
+        t0 = time.perf_counter()
+        ack = c.upsert_prompts(run, prompts, chunk_size=chunk, progress=False)
+        wall = time.perf_counter() - t0
+    assert ack.created == pool, ack
+    return {"pool": pool, "chunk": chunk, "wall_s": wall, "prompts_per_s": pool / wall}
+
+
+def raw_copy_prompts_rate(pg_url: str, pool: int, chunk: int, logged: bool = False) -> float:
+    """psycopg COPY of comparable prompt rows (run, ordinal, id, domain, version) into a
+    table shaped like ``prompts`` (its indexes included), one transaction per ``chunk``:
+    the floor for registration on PostgreSQL. TEMP, or ``logged`` (see :func:`raw_copy_rate`)."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        conn.execute(f"CREATE {'' if logged else 'TEMP '}TABLE raw_prompts (LIKE prompts INCLUDING ALL)")
+        conn.commit()
+        t0 = time.perf_counter()
+        for lo in range(0, pool, chunk):
+            lines = "".join(f"1\t{i}\tp/{i}\td{i % 8}\t1\n" for i in range(lo, min(pool, lo + chunk)))
+            with conn.cursor() as cur, cur.copy("COPY raw_prompts (run_pk, ordinal, id, domain, version) FROM STDIN") as cp:
+                cp.write(lines)
+            conn.commit()
+        wall = time.perf_counter() - t0
+        if logged:
+            conn.execute("DROP TABLE raw_prompts")
+            conn.commit()
+    return pool / wall
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -221,6 +318,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="benchmarks/out/speed")
     ap.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000,1000000)")
     ap.add_argument("--databases", default="sqlite,postgres")
+    ap.add_argument("--sections", default="plans,register,ingest", help="any of plans, register, ingest")
+    ap.add_argument("--register-pool", type=int, default=None, help="prompts registered (default 1,000,000)")
+    ap.add_argument("--register-chunk", type=int, default=10_000, help="prompts per request")
+    ap.add_argument("--old", default=None, help="a source tree of other code (e.g. a git worktree of an older "
+                    "commit): its server is measured too, alternating with this code's, register and ingest only")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register and ingest")
     args = ap.parse_args(argv)
 
     pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000, 1_000_000])
@@ -228,18 +331,22 @@ def main(argv: list[str] | None = None) -> dict:
     batch, budget = (64, 512) if args.smoke else (1024, 8192)
     groups, rewards = 512, 16
     reports_each = 2 if args.smoke else 24
+    reg_pool = args.register_pool or (20_000 if args.smoke else 1_000_000)
+    chunk = args.register_chunk
+    sections = set(args.sections.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {
+        "command": "rollplan bench speed " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "config": {"batch": batch, "budget": budget, "groups": groups, "rewards": rewards, "smoke": args.smoke},
-        "plans": [], "ingest": [], "copy_floor": {},
+        "config": {"batch": batch, "budget": budget, "groups": groups, "rewards": rewards, "smoke": args.smoke,
+                   "register_pool": reg_pool, "register_chunk": chunk, "old": args.old},
+        "plans": [], "ingest": [], "register": [], "copy_floor": {}, "floors": [],
     }
+    variants = [("new", None)] + ([("old", args.old)] if args.old else [])
     for db in args.databases.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            tmpdir = Path(tmp)
-            ctx = pg_database() if db == "postgres" else _sqlite_url(tmpdir)
-            with ctx as db_url, server(db_url, tmpdir) as url:
+        if "plans" in sections:
+            with tempfile.TemporaryDirectory() as tmp, _database(db, Path(tmp)) as db_url, server(db_url, Path(tmp)) as url:
                 for pool in pools:
                     for strategy in ("default", "uniform"):
                         row = bench_plans(url, pool, min(batch, pool), budget, repeats, strategy)
@@ -249,17 +356,41 @@ def main(argv: list[str] | None = None) -> dict:
                         print(f"plan {db:8s} pool={pool:>8d} {strategy:8s} new p50 {row['new_plan_p50_s']*1e3:8.2f} ms"
                               f"  stored p50 {row['stored_plan_p50_s']*1e3:7.2f} ms"
                               f"  argpartition {row['argpartition_floor_s']*1e3:6.2f} ms", flush=True)
-                for clients in (1, 4):
-                    row = bench_ingest(url, clients, reports_each, groups, rewards, 20_000)
-                    row["db"] = db
-                    results["ingest"].append(row)
-                    print(f"ingest {db:8s} clients={clients} {row['rewards_per_s']:>12,.0f} rewards/s "
-                          f"p50 {row['report_p50_s']*1e3:.1f} ms p99 {row['report_p99_s']*1e3:.1f} ms", flush=True)
-                if db == "postgres":
-                    rate = raw_copy_rate(db_url, clients * reports_each, groups, rewards)
-                    results["copy_floor"]["postgres_rewards_per_s"] = rate
-                    print(f"raw COPY postgres {rate:>12,.0f} rewards/s", flush=True)
-
+        if not sections & {"register", "ingest"}:
+            continue
+        for rnd in range(args.rounds):
+            for variant, code in variants:
+                # A fresh database and server per variant and round; the floors are measured
+                # in the same database right after, so each ratio has its own floor.
+                with tempfile.TemporaryDirectory() as tmp, _database(db, Path(tmp)) as db_url, \
+                        server(db_url, Path(tmp), code=code) as url:
+                    tag = {"db": db, "code": variant, "round": rnd}
+                    floor = {**tag}
+                    if "register" in sections:
+                        row = {**bench_register(url, reg_pool, chunk), **tag}
+                        results["register"].append(row)
+                        print(f"register {db:8s} {variant} pool={reg_pool:,} {row['prompts_per_s']:>10,.0f} prompts/s "
+                              f"(first tenth {row['first_tenth_prompts_per_s']:,.0f}, last tenth "
+                              f"{row['last_tenth_prompts_per_s']:,.0f})", flush=True)
+                    if "ingest" in sections:
+                        for clients in (1, 4):
+                            row = {**bench_ingest(url, clients, reports_each, groups, rewards, 20_000), **tag}
+                            results["ingest"].append(row)
+                            print(f"ingest {db:8s} {variant} clients={clients} {row['rewards_per_s']:>12,.0f} rewards/s "
+                                  f"p50 {row['report_p50_s']*1e3:.1f} ms p99 {row['report_p99_s']*1e3:.1f} ms", flush=True)
+                    if db == "postgres":
+                        if "register" in sections:
+                            floor["prompts_per_s"] = raw_copy_prompts_rate(db_url, reg_pool, chunk)
+                            floor["prompts_per_s_logged"] = raw_copy_prompts_rate(db_url, reg_pool, chunk, logged=True)
+                        if "ingest" in sections:
+                            floor["rewards_per_s"] = raw_copy_rate(db_url, 4 * reports_each, groups, rewards)
+                            floor["rewards_per_s_logged"] = raw_copy_rate(db_url, 4 * reports_each, groups, rewards,
+                                                                          logged=True)
+                        results["floors"].append(floor)
+                        results["copy_floor"].setdefault("postgres_rewards_per_s", floor.get("rewards_per_s"))
+                        print("raw COPY postgres " + ", ".join(f"{k} {v:,.0f}" for k, v in floor.items()
+                                                              if isinstance(v, float)), flush=True)
+    _add_ratios(results)
     _print_tables(results)
     plot_latency(results, out / "speed_latency.png")
     (out / "speed.json").write_text(json.dumps(results, indent=2))
@@ -267,9 +398,25 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+def _add_ratios(res: dict) -> None:
+    """Each PostgreSQL registration and ingestion figure over the COPY floors of its own
+    database (``ratio``: the TEMP-table floor; ``ratio_logged``: the durable one)."""
+    floors = {(f["db"], f["code"], f["round"]): f for f in res["floors"]}
+    for section, key in (("register", "prompts_per_s"), ("ingest", "rewards_per_s")):
+        for r in res[section]:
+            f = floors.get((r["db"], r.get("code"), r.get("round")))
+            if f and f.get(key):
+                r["copy_floor_per_s"], r["ratio"] = f[key], r[key] / f[key]
+                r["copy_floor_logged_per_s"], r["ratio_logged"] = f[key + "_logged"], r[key] / f[key + "_logged"]
+
+
 @contextmanager
-def _sqlite_url(tmpdir: Path):
-    yield f"sqlite:///{tmpdir / 'bench.db'}"
+def _database(db: str, tmpdir: Path):
+    if db == "postgres":
+        with pg_database() as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmpdir / 'bench.db'}"
 
 
 def plot_latency(res: dict, path: Path) -> None:
@@ -303,11 +450,26 @@ def _print_tables(res: dict) -> None:
     for r in res["plans"]:
         print(f"| {r['db']} | {r['pool']:,} | {r['strategy']} | {r['new_plan_p50_s']*1e3:.2f} | "
               f"{r['stored_plan_p50_s']*1e3:.2f} | {r['argpartition_floor_s']*1e3:.2f} |")
-    print("\n| db | clients | rewards/s | report p50 (ms) | report p99 (ms) |")
-    print("|---|---:|---:|---:|---:|")
+    def ratio(r: dict) -> str:
+        if "ratio" not in r:
+            return " | | | | "
+        return (f" | {r['copy_floor_per_s']:,.0f} | {r['ratio']:.2f}x | {r['copy_floor_logged_per_s']:,.0f} | "
+                f"{r['ratio_logged']:.2f}x")
+
+    if res.get("register"):
+        print("\nregistration (floors: raw COPY of comparable rows into a TEMP / an ordinary table, same database)")
+        print("| db | code | round | pool | prompts/s | first tenth | last tenth | COPY floor | ratio | "
+              "COPY floor, logged | ratio |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in res["register"]:
+            print(f"| {r['db']} | {r.get('code', 'new')} | {r.get('round', 0)} | {r['pool']:,} | {r['prompts_per_s']:,.0f} | "
+                  f"{r['first_tenth_prompts_per_s']:,.0f} | {r['last_tenth_prompts_per_s']:,.0f}{ratio(r)} |")
+    print("\n| db | code | round | clients | rewards/s | report p50 (ms) | report p99 (ms) | COPY floor | ratio | "
+          "COPY floor, logged | ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in res["ingest"]:
-        print(f"| {r['db']} | {r['clients']} | {r['rewards_per_s']:,.0f} | {r['report_p50_s']*1e3:.1f} | "
-              f"{r['report_p99_s']*1e3:.1f} |")
+        print(f"| {r['db']} | {r.get('code', 'new')} | {r.get('round', 0)} | {r['clients']} | {r['rewards_per_s']:,.0f} | "
+              f"{r['report_p50_s']*1e3:.1f} | {r['report_p99_s']*1e3:.1f}{ratio(r)} |")
     if any(r.get("mb_per_million_prompts") is not None for r in res["plans"]):
         print("\nserver memory (RSS of the `rollplan serve` process around registering the run's pool, one report "
               "and one plan; runs accumulate in the process)")
@@ -317,7 +479,7 @@ def _print_tables(res: dict) -> None:
             if r.get("mb_per_million_prompts") is not None:
                 print(f"| {r['db']} | {r['pool']:,} | {r['strategy']} | {r['server_rss_before_mb']:.0f} | "
                       f"{r['server_rss_after_mb']:.0f} | {r['mb_per_million_prompts']:,.0f} |")
-    if res["copy_floor"]:
+    if res["copy_floor"].get("postgres_rewards_per_s"):
         print(f"\nraw psycopg COPY into PostgreSQL, same rows: {res['copy_floor']['postgres_rewards_per_s']:,.0f} rewards/s")
 
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -383,6 +383,21 @@ def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
     return s.scalar(select(Plan.id).where(Plan.id == plan_id, Plan.run_pk == run_pk)) is not None
 
 
+_REPORT_VALUES = "(:pk, :seq, :rid, :hash, :step, :plan, :k)"
+_REPORT_COLS = "reports (run_pk, report_seq, report_id, body_hash, step, plan_id, n_groups)"
+_COUNTERS = (
+    "UPDATE runs SET log_seq = :seq, report_seq = :seq, n_results = n_results + :k, "
+    "n_rollouts = n_rollouts + :nr, n_informative_rollouts = n_informative_rollouts + :ni WHERE pk = :pk"
+)
+_REPORT_ROW = text(f"INSERT INTO {_REPORT_COLS} VALUES {_REPORT_VALUES}")
+_RUN_COUNTERS = text(_COUNTERS)
+_PG_REPORT_KNOWN_STEP = text(f"WITH r AS (INSERT INTO {_REPORT_COLS} VALUES {_REPORT_VALUES}) {_COUNTERS}")
+_PG_REPORT_NEW_STEP = text(
+    f"WITH r AS (INSERT INTO {_REPORT_COLS} VALUES {_REPORT_VALUES}), "
+    "st AS (INSERT INTO run_steps (run_pk, step) VALUES (:pk, :step) ON CONFLICT DO NOTHING) " + _COUNTERS
+)
+
+
 def insert_report(
     s: Session,
     run: Run,
@@ -403,32 +418,16 @@ def insert_report(
     """The report, its rows of the reward log, the step and the run's counters."""
     k = len(texts)
     n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
-    s.execute(
-        insert(Report).values(
-            run_pk=run.pk,
-            report_seq=seq,
-            report_id=report_id,
-            body_hash=body_hash,
-            step=step,
-            plan_id=plan_id,
-            n_groups=k,
-        )
-    )
     _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts)
-    if not step_known:
-        mark_step(s, run.pk, step)
-    s.execute(
-        update(Run)
-        .where(Run.pk == run.pk)
-        .values(
-            log_seq=seq,
-            report_seq=seq,
-            n_results=Run.n_results + k,
-            n_rollouts=Run.n_rollouts + n_rollouts,
-            n_informative_rollouts=Run.n_informative_rollouts + n_informative,
-        )
-        .execution_options(synchronize_session=False)
-    )
+    params = {"pk": run.pk, "seq": seq, "rid": report_id, "hash": body_hash, "step": step, "plan": plan_id, "k": k,
+              "nr": n_rollouts, "ni": n_informative}  # fmt: skip
+    if is_postgres(s):  # the report, the step and the counters in one round trip
+        s.execute(_PG_REPORT_KNOWN_STEP if step_known else _PG_REPORT_NEW_STEP, params)
+    else:
+        s.execute(_REPORT_ROW, params)
+        if not step_known:
+            mark_step(s, run.pk, step)
+        s.execute(_RUN_COUNTERS, params)
     # Mirror the SQL update on the row (the predictor reads it) without marking it changed:
     # the UPDATE above wrote it, a flush must not write it again.
     for name, value in (
