@@ -73,7 +73,7 @@ class PoolState:
     logit variance v (Var p ≈ v·(m(1−m))² = m(1−m)/(κ+1)), capped at
     ``eb_max_strength``.
 
-    Memory: the columns are compact (a pool of N prompts holds about 37 N bytes here, plus
+    Memory: the columns are compact (a pool of N prompts holds about 41 N bytes here, plus
     8 N with client priors and 8 N with the predictor): per-prompt counts and steps are
     int32 and become int64 (``widen``) at the first value that would not fit — a function
     of the log, so every replica widens at the same event; estimates are stored as float32
@@ -102,7 +102,8 @@ class PoolState:
     # Groups whose rewards were all at the top / all at the bottom of the range.
     _solved_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _failed_groups: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # float64: a sum that must not depend on how a step's groups were batched.
+    _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _max_rollouts: int = 0  # the largest per-prompt rollout count (≥ every other count)
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
@@ -280,10 +281,7 @@ class PoolState:
         np.add.at(self._informative_groups, o, obs.informative.astype(np.int32))
         np.add.at(self._solved_groups, o, (obs.successes >= obs.n - 1e-9).astype(np.int32))
         np.add.at(self._failed_groups, o, (obs.successes <= 1e-9).astype(np.int32))
-        # Summed in float64, stored as float32.
-        uniq, inv = np.unique(o, return_inverse=True)
-        rs = np.bincount(inv, weights=obs.successes, minlength=uniq.size)
-        self._reward_sum[uniq] = self._reward_sum[uniq].astype(np.float64) + rs
+        np.add.at(self._reward_sum, o, obs.successes)
         np.maximum.at(self._last_step, o, obs.step)
         # Late reports still count, down-weighted by how stale their policy is.
         w = self.staleness_decay ** obs.staleness.astype(np.float64)
