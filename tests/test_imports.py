@@ -55,3 +55,25 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert "service.engine" in graph and graph["service.engine"]  # the graph was read
+
+
+def test_a_checkout_folder_named_rollplan_does_not_shadow_the_package(tmp_path):
+    """A script next to a checkout folder named ``rollplan`` imports the installed package
+    (the checkout's root ``__init__.py`` hands the import over); without an installed
+    package (``-S``: no site-packages) it gets an ImportError that names the folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "rollplan").symlink_to(root, target_is_directory=True)
+    (tmp_path / "script.py").write_text(
+        "from rollplan import Client\nimport rollplan.plugins.core\nprint(Client.__module__)\n"
+    )
+    ok = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "rollplan.client"
+    bare = subprocess.run([sys.executable, "-S", "script.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert bare.returncode != 0
+    assert "a Rollplan checkout, not to the installed package" in bare.stderr
+    assert "unknown location" not in bare.stderr
