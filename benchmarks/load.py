@@ -4,7 +4,14 @@ or against a given ``--url``.
 
     python -m rollplan.benchmarks.load [--smoke] [--url URL] [--duration 20]
         [--reporters 16] [--planners 4] [--readers 2] [--runs 4] [--out DIR]
+        [--replicas 2 --affinity on,off]
     rollplan bench load --smoke
+
+With ``--replicas N`` it starts N servers over the same database and routes each request
+as a load balancer would: ``--affinity on`` sends every request of a run to its owner
+(rendezvous hashing on the run id, :func:`owner` — what nginx's ``hash $rollplan_run
+consistent`` does in deploy/nginx.conf), ``off`` spreads requests round-robin over the
+replicas. It also records each replica's resident memory at the end.
 
 Each reporter posts reports of ``--groups`` prompt groups × ``--rollouts``
 binary rewards with fresh report_ids (every request is a committed write); each
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import itertools
 import json
 import os
 import platform
@@ -25,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 import httpx
@@ -34,9 +43,59 @@ import numpy as np
 from .speed import _free_port, pg_database
 
 
+def owner(run: str, n: int) -> int:
+    """The replica (0 .. n-1) that owns ``run``: rendezvous hashing, so adding or removing
+    a replica moves only the runs of that replica."""
+    return max(range(n), key=lambda k: hashlib.blake2b(f"{k}/{run}".encode(), digest_size=8).digest())
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of a process and its children (uvicorn workers), MiB (Linux)."""
+    total, seen = 0, False
+    for p in [pid, *_children(pid)]:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+                    seen = True
+        except OSError:
+            continue
+    return total / 1024 if seen else None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(k) for k in kids] + [g for k in kids for g in _children(int(k))]
+
+
+class Router:
+    """Requests to ``/v1/runs/{run}/...`` go to the run's owner (affinity) or round-robin."""
+
+    def __init__(self, clients: list, affinity: bool) -> None:
+        self.clients, self.affinity, self._next = clients, affinity, itertools.count()
+
+    def _pick(self, path: str):
+        n = len(self.clients)
+        if n == 1:
+            return self.clients[0]
+        if self.affinity and path.startswith("/v1/runs/"):
+            return self.clients[owner(path.split("/")[3], n)]
+        return self.clients[next(self._next) % n]
+
+    def post(self, path: str, **kw):
+        return self._pick(path).post(path, **kw)
+
+    def get(self, path: str, **kw):
+        return self._pick(path).get(path, **kw)
+
+
 @contextmanager
-def server(database_url: str, workdir: Path, workers: int = 1, env: dict | None = None):
-    """``rollplan serve`` in a subprocess, ready when /readyz answers."""
+def server(database_url: str, workdir: Path, workers: int = 1, env: dict | None = None, pids: list | None = None):
+    """``rollplan serve`` in a subprocess, ready when /readyz answers (its pid appended
+    to ``pids``)."""
     port = _free_port()
     log_path = workdir / f"server-{port}.log"
     proc = subprocess.Popen(
@@ -46,6 +105,8 @@ def server(database_url: str, workdir: Path, workers: int = 1, env: dict | None 
         cwd=workdir, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -140,10 +201,11 @@ async def reader(c, rec, run, j, a, stop):
         await _timed(rec, "read", lambda: c.get(f"/v1/runs/{run}/prompts", params={"limit": 100}), (200,))
 
 
-async def drive(url: str, a: argparse.Namespace, tag: str) -> dict:
+async def drive(urls: str | list[str], a: argparse.Namespace, tag: str, affinity: bool = True) -> dict:
+    urls = [urls] if isinstance(urls, str) else urls
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     runs = [f"load-{tag}-{i}" for i in range(a.runs)]
-    with httpx.Client(base_url=url, timeout=120, headers=headers) as c:
+    with httpx.Client(base_url=urls[0], timeout=120, headers=headers) as c:
         for run in runs:
             c.put(f"/v1/runs/{run}", json={"rollouts_per_prompt": a.rollouts}).raise_for_status()
             prompts = [{"id": f"p/{i}", "domain": f"d{i % 4}"} for i in range(a.pool)]
@@ -153,7 +215,9 @@ async def drive(url: str, a: argparse.Namespace, tag: str) -> dict:
     rec = Recorder()
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=total, max_keepalive_connections=total)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=headers) as c:
+    clients = [httpx.AsyncClient(base_url=u, timeout=60, limits=limits, headers=headers) for u in urls]
+    try:
+        c = Router(clients, affinity)
         tasks = [asyncio.create_task(reporter(c, rec, runs[k % a.runs], k, a, stop)) for k in range(a.reporters)]
         tasks += [asyncio.create_task(planner(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.planners)]
         tasks += [asyncio.create_task(reader(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.readers)]
@@ -162,6 +226,9 @@ async def drive(url: str, a: argparse.Namespace, tag: str) -> dict:
         stop.set()
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
+    finally:
+        for client in clients:
+            await client.aclose()
     return {"elapsed_s": elapsed, "operations": rec.summary(elapsed, concurrency)}
 
 
@@ -169,16 +236,19 @@ def table(results: list[dict]) -> str:
     def f(x, fmt):
         return "–" if x is None else format(x, fmt)
 
-    lines = ["| database | operation | concurrency | requests | ok/s | p50 ms | p99 ms | max ms | errors |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| database | replicas | affinity | operation | concurrency | requests | ok/s | p50 ms | p99 ms | max ms "
+             "| errors | RSS MiB (replicas) |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for res in results:
+        rss = " + ".join(f(x, ".0f") for x in res.get("rss_mib", []))
         for op in res["operations"]:
             if not op["concurrency"]:
                 continue
             lines.append(
-                f"| {res['database']} | {op['operation']} | {op['concurrency']} | {op['requests']} | "
+                f"| {res['database']} | {res.get('replicas', 1)} | {res.get('affinity', '–')} | "
+                f"{op['operation']} | {op['concurrency']} | {op['requests']} | "
                 f"{f(op['ok_per_s'], '.1f')} | {f(op['p50_ms'], '.1f')} | {f(op['p99_ms'], '.1f')} | "
-                f"{f(op['max_ms'], '.0f')} | {op['errors']} |"
+                f"{f(op['max_ms'], '.0f')} | {op['errors']} | {rss} |"
             )
     return "\n".join(lines)
 
@@ -199,6 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--groups", type=int, default=8, help="prompt groups per report")
     ap.add_argument("--rollouts", type=int, default=8, help="rewards per group")
     ap.add_argument("--batch", type=int, default=32, help="plan batch_size")
+    ap.add_argument("--replicas", type=int, default=1, help="servers over one database (started ones)")
+    ap.add_argument("--affinity", default="on", help="with --replicas > 1: on, off or on,off")
     ap.add_argument("--out", default="benchmarks/out/load")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -224,8 +296,13 @@ def main(argv: list[str] | None = None) -> dict:
                     db = _entered(db, db_url)
                 else:
                     raise SystemExit(f"unknown database {name!r}")
-                with db as db_url, server(db_url, Path(tmp), workers=a.workers if name != "sqlite" else 1) as u:
-                    res = asyncio.run(drive(u, a, name))
+                with db as db_url:
+                    for affinity in [x.strip() == "on" for x in a.affinity.split(",")] if a.replicas > 1 else [True]:
+                        tag = f"{name}-{'aff' if affinity else 'rr'}"
+                        res = _replicated(db_url, Path(tmp), a, name, tag, affinity)
+                        res["database"] = name
+                        results.append(res)
+                continue
             res["database"] = name
             results.append(res)
 
@@ -244,6 +321,19 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "load.json").write_text(json.dumps(report, indent=2))
     print(f"\nwrote {out / 'load.json'}")
     return report
+
+
+def _replicated(db_url: str, workdir: Path, a: argparse.Namespace, name: str, tag: str, affinity: bool) -> dict:
+    """``a.replicas`` servers over ``db_url``, loaded through a :class:`Router`."""
+    workers = a.workers if name != "sqlite" else 1
+    pids: list[int] = []
+    with ExitStack() as stack:
+        urls = [stack.enter_context(server(db_url, workdir, workers=workers, pids=pids)) for _ in range(a.replicas)]
+        res = asyncio.run(drive(urls, a, tag, affinity))
+        res["rss_mib"] = [rss_mib(p) for p in pids]
+    res["replicas"] = a.replicas
+    res["affinity"] = ("on" if affinity else "off") if a.replicas > 1 else "–"
+    return res
 
 
 @contextmanager

@@ -148,12 +148,14 @@ def freeze_startup_objects() -> None:
 
 
 class RequestMetrics:
-    """Request count and latency per route template and status (pure ASGI: no extra
-    task or body streaming per request, unlike ``@app.middleware``)."""
+    """Request count and latency per route template and status, and the
+    ``X-Rollplan-Replica`` header of every response (pure ASGI: no extra task or body
+    streaming per request, unlike ``@app.middleware``)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, replica: str = "") -> None:
         self.app = app
         self.requests, self.latency = metrics.requests, metrics.latency
+        self.replica = (b"x-rollplan-replica", replica.encode("latin-1", "replace")) if replica else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -165,6 +167,8 @@ class RequestMetrics:
             nonlocal status
             if msg["type"] == "http.response.start":
                 status = msg["status"]
+                if self.replica is not None:
+                    msg = {**msg, "headers": [*msg.get("headers", []), self.replica]}
             await send(msg)
 
         try:
@@ -354,7 +358,7 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
 
     prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
     app.state.metrics = prom
-    app.add_middleware(RequestMetrics, metrics=prom)
+    app.add_middleware(RequestMetrics, metrics=prom, replica=settings.replica_name)
 
     @app.exception_handler(RollplanError)
     async def _rollplan_error(_: Request, exc: RollplanError):

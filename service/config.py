@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
@@ -29,6 +31,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     max_report_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="A report's body (POST …/results), refused from its Content-Length."
+    )
+    replica_name: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}",
+        description="Sent as the X-Rollplan-Replica header of every response: which replica answered "
+        "(to check the load balancer's run affinity). Default: host name and process id.",
     )
     max_prompts_per_request: int = Field(50_000, ge=1)
     max_results_per_report: int = Field(20_000, ge=1)
