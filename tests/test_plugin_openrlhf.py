@@ -142,3 +142,8 @@ def test_launcher_argv():
     assert ours == {"run_id": "r", "url": "http://x"} and rest == ["--rollout.batch_size", "8"]
     with pytest.raises(SystemExit):
         _split_argv(["--rollplan.nope", "1"])
+    from rollplan.plugins.openrlhf import _flag
+
+    assert _flag(["--ckpt.output_dir", "/x/ckpt", "--a", "1"], "--ckpt.output_dir", "./ckpt") == "/x/ckpt"
+    assert _flag(["--ckpt.output_dir=/y"], "--ckpt.output_dir", "./ckpt") == "/y"
+    assert _flag(["--a", "1"], "--ckpt.output_dir", "./ckpt") == "./ckpt"
