@@ -176,10 +176,13 @@ async def _timed(rec: Recorder, op: str, call, expect: tuple[int, ...]) -> httpx
     return r
 
 
-async def reporter(c, rec, run, k, a, stop):
+async def reporter(c, rec, runs, k, a, stop):
+    """Reporter k's i-th report goes to run (k + i * reporters) mod runs: with more runs
+    than reporters every run stays active."""
     rng = np.random.default_rng(1000 + k)
     i = 0
     while not stop.is_set():
+        run = runs[(k + i * a.reporters) % len(runs)]
         prompts = rng.choice(a.pool, size=a.groups, replace=False)
         body = {"report_id": f"load-r{k}-{i}", "step": i,
                 "results": [{"prompt_id": f"p/{p}", "rewards": rng.integers(0, 2, a.rollouts).tolist()}
@@ -188,9 +191,10 @@ async def reporter(c, rec, run, k, a, stop):
         i += 1
 
 
-async def planner(c, rec, run, j, a, stop):
+async def planner(c, rec, runs, j, a, stop):
     i = 0
     while not stop.is_set():
+        run = runs[(j + i * a.planners) % len(runs)]
         body = {"batch_size": a.batch, "step": 1_000_000 * (j + 1) + i}
         await _timed(rec, "plan", lambda: c.post(f"/v1/runs/{run}/plans", json=body), (200, 201))
         i += 1
@@ -218,8 +222,8 @@ async def drive(urls: str | list[str], a: argparse.Namespace, tag: str, affinity
     clients = [httpx.AsyncClient(base_url=u, timeout=60, limits=limits, headers=headers) for u in urls]
     try:
         c = Router(clients, affinity)
-        tasks = [asyncio.create_task(reporter(c, rec, runs[k % a.runs], k, a, stop)) for k in range(a.reporters)]
-        tasks += [asyncio.create_task(planner(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.planners)]
+        tasks = [asyncio.create_task(reporter(c, rec, runs, k, a, stop)) for k in range(a.reporters)]
+        tasks += [asyncio.create_task(planner(c, rec, runs, j, a, stop)) for j in range(a.planners)]
         tasks += [asyncio.create_task(reader(c, rec, runs[j % a.runs], j, a, stop)) for j in range(a.readers)]
         t0 = time.perf_counter()
         await asyncio.sleep(a.duration)
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rollouts", type=int, default=8, help="rewards per group")
     ap.add_argument("--batch", type=int, default=32, help="plan batch_size")
     ap.add_argument("--replicas", type=int, default=1, help="servers over one database (started ones)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of the started servers, e.g. ROLLPLAN_STATE_CACHE_BYTES=67108864")
     ap.add_argument("--affinity", default="on", help="with --replicas > 1: on, off or on,off")
     ap.add_argument("--out", default="benchmarks/out/load")
     a = ap.parse_args(argv)
@@ -327,8 +333,10 @@ def _replicated(db_url: str, workdir: Path, a: argparse.Namespace, name: str, ta
     """``a.replicas`` servers over ``db_url``, loaded through a :class:`Router`."""
     workers = a.workers if name != "sqlite" else 1
     pids: list[int] = []
+    env = dict(kv.split("=", 1) for kv in a.server_env)
     with ExitStack() as stack:
-        urls = [stack.enter_context(server(db_url, workdir, workers=workers, pids=pids)) for _ in range(a.replicas)]
+        urls = [stack.enter_context(server(db_url, workdir, workers=workers, env=env, pids=pids))
+                for _ in range(a.replicas)]
         res = asyncio.run(drive(urls, a, tag, affinity))
         res["rss_mib"] = [rss_mib(p) for p in pids]
     res["replicas"] = a.replicas
