@@ -147,3 +147,57 @@ def test_launcher_argv():
     assert _flag(["--ckpt.output_dir", "/x/ckpt", "--a", "1"], "--ckpt.output_dir", "./ckpt") == "/x/ckpt"
     assert _flag(["--ckpt.output_dir=/y"], "--ckpt.output_dir", "./ckpt") == "/y"
     assert _flag(["--a", "1"], "--ckpt.output_dir", "./ckpt") == "./ckpt"
+
+
+ENGINE = """
+import asyncio, json, sys
+from openrlhf.utils.agent import SingleTurnAgentExecutor
+from rollplan.plugins import openrlhf_reward
+executor = SingleTurnAgentExecutor(remote_rm_url=openrlhf_reward.__file__)
+for query, prompt, label in json.loads(sys.stdin.read()):
+    asyncio.run(executor._fetch_rewards_via_func([query], [prompt], [label]))
+print(executor.reward_func.rollplan_flush())
+"""
+
+
+def test_two_engine_processes_report_each_group_once(server_factory, tmp_path, monkeypatch):
+    """OpenRLHF 0.11 sends each prompt, with its n samples, to one vLLM engine (the
+    least-loaded): two engine processes each load the reward module and score their
+    prompts' samples concurrently. Every group of every step is stored exactly once."""
+    import os
+    import subprocess
+    import sys
+
+    from rollplan.plugins.openrlhf import RollplanPromptLoader, scheduler_from_env
+
+    srv = server_factory().start()
+    env = {"ROLLPLAN_URL": srv.url, "ROLLPLAN_RUN_ID": "orl2", "ROLLPLAN_ID_PREFIX": "q/",
+           "ROLLPLAN_SPOOL_DIR": str(tmp_path / "spool"),
+           "ROLLPLAN_SCORE_FUNC": f"{Path(plugin_helpers.__file__).resolve()}:parity_reward"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    ds = _prompt_dataset()
+    sched = scheduler_from_env(ds, n_samples=N)
+    it = iter(RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N))
+    work: list[list] = [[], []]
+    expected = {}
+    for step in range(3):
+        for j in range(B):
+            _, prompt, label, _ = next(it)
+            pid = json.loads(label[0])["rollplan_id"]
+            for s in range(N):
+                query = prompt[0] + " yes" * s
+                work[(step * B + j) % 2].append((query, prompt[0], label[0]))
+                want = float(len(query.split()) % 2 == int(json.loads(label[0])["label"]))
+                expected.setdefault((step, pid), []).append(want)
+    engines = [subprocess.Popen([sys.executable, "-c", ENGINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **env}) for _ in work]
+    outs = [e.communicate(json.dumps(w), timeout=180) for e, w in zip(engines, work)]
+    assert [e.returncode for e in engines] == [0, 0], [o[1][-2000:] for o in outs]
+    assert [o[0].strip().splitlines()[-1] for o in outs] == ["0", "0"]  # nothing left spooled
+    with Client(srv.url) as rp:
+        run = rp.get_run("orl2")
+        assert run.stats["results"] == 3 * B and run.stats["rollouts"] == 3 * B * N
+        for (step, pid), rewards in expected.items():
+            assert [h["rewards"] for h in rp.get_prompt("orl2", pid)["history"] if h["step"] == step] == [rewards]
+    sched.close()

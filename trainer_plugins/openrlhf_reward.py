@@ -24,10 +24,12 @@ process divided by ``ROLLPLAN_GROUPS_PER_STEP``, default 1 group per step; set i
 rollout batch size). Labels that are not such JSON pass through untouched and nothing is
 reported for them.
 
-The scores reported are ``scores`` (or ``rewards``) of your function's answer. A group
-whose samples are scored by different engine processes is reported as several partial
-groups (one per process): OpenRLHF spreads a prompt's samples over engines; run one
-engine, or accept that the service then sees smaller groups.
+The scores reported are ``scores`` (or ``rewards``) of your function's answer. Several
+engines: OpenRLHF 0.11 sends each prompt with all its n samples to one engine (the least
+loaded, ``SamplesGenerator._generate_vllm``), so each engine's copy of this module sees
+whole groups and reports each once (tested with two engine processes). A group whose
+samples did reach several processes (another launcher) would be reported as several
+partial groups, one per process.
 """
 
 from __future__ import annotations
