@@ -167,3 +167,24 @@ def test_service_killed_mid_run_two_ranks_agree_and_lose_no_report(server_factor
         assert run.stats["results"] == steps * B
         assert run.stats["rollouts"] == steps * B * G
     assert stored_groups(srv.url, "kill") == recorded_groups(calls)
+
+
+def test_two_ranks_generate_only_the_planned_completions(server_factory, tmp_path):
+    """num_generations=4, plans of 5 rollouts over 2 prompts (budget 5, min 1): across
+    the two ranks the model generates 5 completions per step, not 8, and the service
+    stores exactly the planned counts."""
+    srv = server_factory().start()
+    out, steps = tmp_path / "mask", 3
+    finish(launch(out, "--url", srv.url, "--run", "mask", "--steps", str(steps), "--g", "4",
+                  "--mask-budget", "5"), out)
+    calls, stats = ranks(out)
+    assert sum(s["generated"] for s in stats) == steps * 5
+    assert sum(s.get("completions_skipped", 0) for s in stats) == steps * (B * 4 - 5)
+    with Client(srv.url) as rp:
+        for step in range(steps):
+            plan = rp.plan("mask", B, rollout_budget=5, step=step)
+            assert not plan.created and sum(i.rollouts for i in plan.items) == 5
+            for item in plan.items:
+                (hist,) = [h for h in rp.get_prompt("mask", item.prompt_id)["history"] if h["step"] == step]
+                assert len(hist["rewards"]) == item.rollouts
+        assert rp.get_run("mask").stats["rollouts"] == steps * 5

@@ -94,9 +94,18 @@ def main() -> None:
         **extra,
     )
     assert trainer.accelerator.num_processes == world and trainer.accelerator.process_index == rank
+    generated = [0]  # completions this rank's model generated
+    original = trainer.model.generate
+
+    def generate(*args, **kwargs):
+        generated[0] += int(kwargs["input_ids"].shape[0])
+        return original(*args, **kwargs)
+
+    trainer.model.generate = generate
     result = trainer.train()
     left = trainer.rollplan.close(timeout=120) if rank == 0 else 0
     stats = {**trainer.rollplan.stats.as_dict(), "global_step": result.global_step, "spooled": left,
+             "generated": generated[0],
              "world": world, "url": trainer.rollplan._client.base_url}
     (out / f"rank{rank}.stats.json").write_text(json.dumps(stats))
     if trainer.rollplan_server is not None:
