@@ -281,3 +281,49 @@ def test_no_url_starts_an_embedded_server_in_the_driver(tmp_path, monkeypatch):
     finally:
         train.rollplan.close()
         server.stop()
+
+
+def test_service_killed_between_steps_falls_back_and_loses_no_report(server_factory, tmp_path):
+    """The service is SIGKILLed once the plan of step 1 is prefetched: step 1's batch is
+    still the service's plan, step 2's (fetched while it is down) the seeded uniform
+    fallback (every row with the run's rollouts_per_prompt); the replay buffer's reports of
+    the three steps are spooled while it is down, and after a restart (same port, same
+    database) every group is stored exactly once, under its plan's step."""
+    import torch
+
+    from rollplan.plugins.verl import RollplanReplayBuffer
+
+    srv = server_factory().start()
+    config, train, _ = _datasets(tmp_path, srv.url, "verl-kill")
+    it = iter(_loader(train, config))
+    b0 = next(it)
+    train.rollplan._plans[1].result(timeout=30)  # the prefetch of step 1 is in
+    srv.kill()
+    b1, b2 = next(it), next(it)
+    assert train.rollplan.stats.service_plans == 2 and train.rollplan.stats.fallback_plans >= 1  # 2 (and 3, prefetched)
+    assert list(b2["__rollout_n__"]) == [4] * BATCH and list(b2["rollplan_step"]) == [2] * BATCH
+    buffer = RollplanReplayBuffer.__new__(RollplanReplayBuffer)
+    buffer.rollplan_run_id, buffer.rollplan_url, buffer.rollplan_options = "verl-kill", srv.url, {}
+    buffer.rollplan_id_prefix = "arith/"
+    expected = {}
+    for global_step, batch in ((1, b0), (2, b1), (3, b2)):
+        keys, ids, steps, scores = [], [], [], []
+        for j, (pid, n, step) in enumerate(zip(batch["rollplan_prompt_id"], batch["__rollout_n__"],
+                                               batch["rollplan_step"])):
+            for s in range(int(n)):
+                keys.append(f"u{global_step}-{j}_{s}_0")
+                ids.append(pid)
+                steps.append(int(step))
+                scores.append(torch.tensor([0.0, float((j + s) % 2)]))
+            expected[(int(step), str(pid))] = [float((j + s) % 2) for s in range(int(n))]
+        buffer.report_rows(global_step, keys, {"rm_scores": scores, "rollplan_prompt_id": ids,
+                                               "rollplan_step": steps})
+    srv.start()
+    assert train.rollplan.flush(timeout=60) == 0
+    assert train.rollplan.stats.reports_spooled >= 1
+    with Client(srv.url) as rp:
+        run = rp.get_run("verl-kill")
+        assert run.stats["results"] == 3 * BATCH
+        for (step, pid), rewards in expected.items():
+            assert [h["rewards"] for h in rp.get_prompt("verl-kill", pid)["history"] if h["step"] == step] == [rewards]
+    train.rollplan.close()
