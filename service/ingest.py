@@ -237,7 +237,6 @@ class Ingest:
             # Updates: only the fields each prompt sent change.
             upd_rows: list[dict[str, Any]] = []
             sched_ords = np.zeros(0, np.int64)
-            sched_rows: list[dict[str, Any]] = []
             if upd_at.size:
                 upd_ords = found[upd_at]
                 for i, o in zip(upd_at.tolist(), upd_ords.tolist()):
@@ -247,22 +246,21 @@ class Ingest:
                 is_sched = np.fromiter((not SCHED.isdisjoint(items[i]) for i in upd_at.tolist()), bool, upd_at.size)
                 order = np.argsort(upd_ords[is_sched], kind="stable")
                 sched_ords = upd_ords[is_sched][order]
-                sched_rows = [upd_rows[j] for j in np.flatnonzero(is_sched)[order].tolist()]
+            repo.insert_prompts(s, run.pk, first, version, cols)
+            stored = repo.update_prompts(s, upd_rows)
             # The event, in ordinal order (the order the log is read back in): every update
             # that set a scheduling field, with the fields as stored after this upsert (all
             # older prompts), then every created prompt.
-            stored = repo.scheduling_fields(s, run.pk, sched_ords.tolist())
-            upd_dom = [r["domain"] if "domain" in r else stored[r["ordinal"]][0] for r in sched_rows]
-            upd_pr = [r["prior_pass_rate"] if "prior_pass_rate" in r else stored[r["ordinal"]][1] for r in sched_rows]
-            upd_st = [stored[r["ordinal"]][2] for r in sched_rows]
-            repo.insert_prompts(s, run.pk, first, version, cols)
-            repo.update_prompts(s, upd_rows)
+            after = [stored[o] for o in sched_ords.tolist()]
+            upd_dom = [a[0] for a in after]
+            upd_pr = [a[1] for a in after]
+            upd_st = [a[2] for a in after]
             run.n_prompts += k
             run.prompt_version = version
             event = None
-            if k or sched_rows:
+            if k or sched_ords.size:
                 seq = repo.take_seq(s, run)
-                n_upd = len(sched_rows)
+                n_upd = int(sched_ords.size)
                 ev_priors = np.concatenate([np.array(upd_pr, dtype=np.float64).reshape(n_upd), priors])
                 ev_strengths = np.concatenate([np.array(upd_st, dtype=np.float64).reshape(n_upd), strengths])
                 event = PromptsEvent(

@@ -251,14 +251,15 @@ def prompts_page(s: Session, run_pk: int, after_ordinal: int, limit: int, domain
 
 def scheduling_fields(s: Session, run_pk: int, ordinals: list[int]) -> dict[int, tuple]:
     """(domain, prior_pass_rate, prior_strength) of existing prompts."""
-    if not ordinals:
-        return {}
-    rows = s.execute(
-        select(Prompt.ordinal, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength).where(
-            Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals)
-        )
-    ).all()
-    return {o: (d, p, st) for o, d, p, st in rows}
+    out: dict[int, tuple] = {}
+    for a in range(0, len(ordinals), 10_000):  # bound the bind parameters of one statement
+        rows = s.execute(
+            select(Prompt.ordinal, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength).where(
+                Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals[a : a + 10_000])
+            )
+        ).all()
+        out.update((o, (d, p, st)) for o, d, p, st in rows)
+    return out
 
 
 def insert_prompts(s: Session, run_pk: int, first: int, version: int, cols: dict[str, list[Any]]) -> None:
@@ -281,33 +282,84 @@ def insert_prompts(s: Session, run_pk: int, first: int, version: int, cols: dict
     bulk_insert(s, "prompts", columns, rows)
 
 
-def update_prompts(s: Session, rows: list[dict[str, Any]]) -> None:
+def update_prompts(s: Session, rows: list[dict[str, Any]]) -> dict[int, tuple]:
     """Existing prompts: each row (``run_pk``, ``ordinal``, ``version`` and the fields
-    sent) changes only the fields it holds."""
-    if rows:
+    sent) changes only the fields it holds. Returns (domain, prior_pass_rate,
+    prior_strength) of each as stored after the update. On PostgreSQL one ``UPDATE …
+    FROM unnest … RETURNING`` per set of fields sent (a re-upload of a whole dataset is
+    one statement)."""
+    if not rows:
+        return {}
+    if not is_postgres(s):
         s.execute(update(Prompt), rows)
+        return scheduling_fields(s, rows[0]["run_pk"], [r["ordinal"] for r in rows])
+    stored: dict[int, tuple] = {}
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(c for c in PROMPT_VALUE_COLUMNS if c in r), []).append(r)
+    for names, grp in groups.items():
+        params: dict[str, Any] = {"pk": grp[0]["run_pk"], "v": grp[0]["version"], "o": [r["ordinal"] for r in grp]}
+        arrays, sets = ["CAST(:o AS integer[])"], ["version = :v"]
+        for j, c in enumerate(names):
+            values = [r[c] for r in grp]
+            params[f"c{j}"] = _json_column(values) if c in JSON_COLUMNS else values
+            arrays.append(f"CAST(:c{j} AS {_PG_ARRAY_TYPE[c]})")
+            sets.append(f"{c} = CAST(u.c{j} AS json)" if c in JSON_COLUMNS else f"{c} = u.c{j}")
+        cols = ", ".join(["o", *(f"c{j}" for j in range(len(names)))])
+        res = s.execute(
+            text(
+                f"UPDATE prompts AS p SET {', '.join(sets)} FROM unnest({', '.join(arrays)}) AS u({cols}) "
+                "WHERE p.run_pk = :pk AND p.ordinal = u.o "
+                "RETURNING p.ordinal, p.domain, p.prior_pass_rate, p.prior_strength"
+            ),
+            params,
+        )
+        stored.update((o, (d, pr, st)) for o, d, pr, st in res)
+    return stored
+
+
+_PG_ARRAY_TYPE = {
+    "domain": "text[]", "tags": "text[]", "prior_pass_rate": "float8[]", "prior_strength": "float8[]",
+    "text": "text[]", "embedding": "text[]",
+}  # fmt: skip
 
 
 def insert_prompt_events(s: Session, run_pk: int, seq: int, event: PromptsEvent, n_updates: int) -> None:
     """The upsert's ``prompt_events`` rows: its first ``n_updates`` entries are updates
-    (created false), the rest created prompts."""
+    (created false, written from the event), the rest the prompts just created, copied
+    from their ``prompts`` rows inside the database (the same values: one statement, no
+    row data sent again)."""
     k = event.ordinals.size
-    created = [False] * n_updates + [True] * (k - n_updates)
-    priors, strengths = nullable(event.priors), nullable(event.strengths)
+    if k > n_updates:
+        lo, hi = int(event.ordinals[n_updates]), int(event.ordinals[-1])
+        s.execute(_CREATED_EVENTS, {"pk": run_pk, "seq": seq, "lo": lo, "hi": hi})
+    if not n_updates:
+        return
+    upd = slice(0, n_updates)
+    priors, strengths = nullable(event.priors[upd]), nullable(event.strengths[upd])
+    ords = event.ordinals[upd].tolist()
+    domains = event.domains[:n_updates]
     if is_postgres(s):
         fields = [
-            [str(run_pk)] * k,
-            [str(seq)] * k,
-            event.ordinals.astype(str).tolist(),
-            ["f"] * n_updates + ["t"] * (k - n_updates),
-            _copy_column("domain", event.domains),
+            [str(run_pk)] * n_updates,
+            [str(seq)] * n_updates,
+            list(map(str, ords)),
+            ["f"] * n_updates,
+            _copy_column("domain", domains),
             _copy_column("prior_pass_rate", priors),
             _copy_column("prior_strength", strengths),
         ]
         copy_text(s, "prompt_events", PROMPT_EVENT_COLUMNS, "\n".join(map("\t".join, zip(*fields))) + "\n")
         return
-    rows = list(zip([run_pk] * k, [seq] * k, event.ordinals.tolist(), created, event.domains, priors, strengths))
+    rows = list(zip([run_pk] * n_updates, [seq] * n_updates, ords, [False] * n_updates, domains, priors, strengths))
     bulk_insert(s, "prompt_events", PROMPT_EVENT_COLUMNS, rows)
+
+
+_CREATED_EVENTS = text(
+    f"INSERT INTO prompt_events ({', '.join(PROMPT_EVENT_COLUMNS)}) "
+    "SELECT run_pk, :seq, ordinal, TRUE, domain, prior_pass_rate, prior_strength FROM prompts "
+    "WHERE run_pk = :pk AND ordinal BETWEEN :lo AND :hi"
+)
 
 
 PROMPT_VALUE_COLUMNS = ("domain", "tags", "prior_pass_rate", "prior_strength", "text", "embedding")
