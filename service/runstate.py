@@ -26,12 +26,22 @@ the same for every report of a step sent before a later step's.
 
 Reads that are not events (the API's estimates, the dashboard) see the state a
 plan would see now: the sealed state with the pending groups applied to a copy
-(``read``), cached by log position.
+(``read``), cached by log position. The copy is a *shadow* kept with the state and
+equal to ``copy.deepcopy(pool)`` with the pending groups sealed into it: when it is
+the pool plus a prefix of the per-step updates the pool and the pending groups
+need (a trainer that plans step t with step t − 1's reports pending, then reports
+t − 1, then plans t + 1), only the rest are applied to it; otherwise it is
+refreshed in place (``_copy_into``: every array copied into the shadow's own
+buffer of the same shape and dtype, anything else deep-copied). So, past the first
+read and a capacity growth, no allocation the size of the pool happens on a plan's
+path. The shadow stays with the state (its arrays are in ``nbytes``, so the cache
+accounts them) and goes with it when the state is evicted.
 """
 
 from __future__ import annotations
 
 import copy
+import copyreg
 import json
 import threading
 from collections import OrderedDict
@@ -282,7 +292,15 @@ class RunState:
     on_step: Callable[[PoolState, int], None] | None = field(default=None, repr=False)
     history: Any = field(default=None, repr=False)  # inspection.PoolHistory, kept with the state
     _inbox: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    # The read view (``read``): (log position, the shadow) while it is current.
     _view: tuple[int, PoolState] | None = field(default=None, repr=False)
+    # The shadow: a pool of the state's own, equal to ``pool`` as it was at the last
+    # refresh with the per-step updates ``_shadow_ahead`` applied; ``_pool_ahead`` the
+    # per-step updates the pool took since (None: it changed some other way — prompts,
+    # predictions — or the shadow holds predictions: the next read refreshes it).
+    _shadow: PoolState | None = field(default=None, repr=False)
+    _shadow_ahead: list[Observations] = field(default_factory=list, repr=False)
+    _pool_ahead: list[Observations] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
@@ -319,6 +337,7 @@ class RunState:
                 raise RuntimeError(f"prompt ordinals not dense from {first}")
             if self.keep_ids:
                 self.ids.append([pid for _, pid in new])
+        self._pool_ahead = None
         codes = self.domain_codes
         dom = np.fromiter((codes.setdefault(d, len(codes)) for d in e.domains), np.int32, len(e.domains))
         self.pool.set_prompts(e.ordinals, dom, e.priors, e.strengths)
@@ -344,6 +363,7 @@ class RunState:
             _take_predictions(self.pool, self._inbox)
             self._inbox = None
             self._view = None
+            self._pool_ahead = None
         if not self.pending:
             return
         if upto is None:
@@ -353,7 +373,11 @@ class RunState:
             keep = [o for o in self.pending if int(o.step[0]) > upto]
         if not now:
             return
-        _seal_into(self.pool, now, self.on_step)
+        done = _seal_into(self.pool, now, self.on_step)
+        if self._pool_ahead is not None:
+            self._pool_ahead += done
+            if sum(len(o) for o in self._pool_ahead) > PENDING_MAX_GROUPS:
+                self._pool_ahead = None  # a bound on what the journal holds: refresh instead
         self.pending, self.pending_groups = keep, sum(len(o) for o in keep)
         self._view = None
 
@@ -367,19 +391,43 @@ class RunState:
     @contextmanager
     def read(self) -> Iterator[PoolState]:
         """The state a plan would see now, under the state's lock: the sealed pool, or,
-        with reports pending, a copy with them applied (kept until the next event)."""
+        with reports pending, a copy with them applied (current until the next event;
+        the same buffers are reused by the next view, so hold nothing of it past the
+        ``with``, as of the pool itself)."""
         with self.lock:
             if not self.pending and self._inbox is None:
                 yield self.pool
                 return
             if self._view is None or self._view[0] != self.seq:
-                view = copy.deepcopy(self.pool)
-                if self._inbox is not None:
-                    _take_predictions(view, self._inbox)
-                if self.pending:
-                    _seal_into(view, self.pending)
-                self._view = (self.seq, view)
+                self._view = (self.seq, self._refresh_shadow())
             yield self._view[1]
+
+    def _refresh_shadow(self) -> PoolState:
+        """The shadow made equal to ``deepcopy(pool)`` with the pending groups sealed into
+        it (and the predictor's inbox taken first): by applying only the per-step updates
+        it lacks when it is the pool plus a prefix of them, else by a refresh in place."""
+        steps = _steps(self.pending) if self.pending else []
+        shadow, ahead = self._shadow, self._pool_ahead
+        # Until this succeeds the shadow is not known to be anything: a failure part-way
+        # leaves the next read to refresh it in full.
+        self._pool_ahead = None
+        if shadow is not None and ahead is not None and self._inbox is None:
+            need = ahead + steps
+            done = self._shadow_ahead
+            if len(done) <= len(need) and all(_same_obs(a, b) for a, b in zip(done, need)):
+                for o in need[len(done) :]:
+                    shadow.observe(o)
+                # Rebase: the updates both have taken are now part of "the pool as it was".
+                self._shadow_ahead, self._pool_ahead = steps, []
+                return shadow
+        shadow = _copy_into(shadow, self.pool, {}, set())
+        if self._inbox is not None:
+            _take_predictions(shadow, self._inbox)
+        for o in steps:
+            shadow.observe(o)
+        self._shadow, self._shadow_ahead = shadow, steps
+        self._pool_ahead = None if self._inbox is not None else []
+        return shadow
 
     def lookup(self, prompt_ids: list[str]) -> np.ndarray:
         """Ordinals of the ids, -1 for an unknown id (vectorised: prefer it to ``index.get``
@@ -403,11 +451,12 @@ class RunState:
             self._view = None
 
     def nbytes(self) -> int:
-        """Memory held: the pool's and its trackers' arrays, the prompt ids, a read view and
-        the inspection history's fold (each array by its capacity, as allocated)."""
+        """Memory held: the pool's and its trackers' arrays, the prompt ids, the read
+        views' shadow and the inspection history's fold (each array by its capacity, as
+        allocated)."""
         n = _array_bytes(self.pool) + self.ids.nbytes()
-        if self._view is not None:
-            n += _array_bytes(self._view[1])
+        if self._shadow is not None:
+            n += _array_bytes(self._shadow)
         if self.history is not None:
             n += self.history.nbytes()
         return n
@@ -421,7 +470,19 @@ def _take_predictions(pool: PoolState, pred: tuple[np.ndarray, np.ndarray, np.nd
 
 def _seal_into(
     pool: PoolState, pending: list[Observations], on_step: Callable[[PoolState, int], None] | None = None
-) -> None:
+) -> list[Observations]:
+    """Apply the pending groups a step at a time; the per-step updates applied, in order."""
+    steps = _steps(pending)
+    for o in steps:
+        pool.observe(o)
+        if on_step is not None:
+            on_step(pool, int(o.step[0]))
+    return steps
+
+
+def _steps(pending: list[Observations]) -> list[Observations]:
+    """The pending groups as one update per step, in ascending step order, each step's
+    groups in a canonical order (see the module's docstring)."""
     cat = {f: np.concatenate([getattr(o, f) for o in pending]) for f in Observations.__dataclass_fields__}
     steps = cat["step"]
     # Canonical order: by step, then by every field of a group, so any chunking and
@@ -432,10 +493,94 @@ def _seal_into(
     cat = {f: v[order] for f, v in cat.items()}
     steps = cat["step"]
     bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, steps.size].tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        pool.observe(Observations(**{f: v[a:b] for f, v in cat.items()}))
-        if on_step is not None:
-            on_step(pool, int(steps[a]))
+    return [Observations(**{f: v[a:b] for f, v in cat.items()}) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _same_obs(a: Observations, b: Observations) -> bool:
+    """Two updates with the same groups (values and dtypes, field by field)."""
+    if a is b:
+        return True
+    for f in Observations.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        if x.dtype != y.dtype or not np.array_equal(x, y):
+            return False
+    return True
+
+
+# -- the shadow's refresh: deepcopy, into the buffers of an earlier copy -------------------
+_ATOMIC = (type(None), bool, int, float, complex, str, bytes, np.generic, type)
+
+
+def _plain(cls: type) -> bool:
+    """Whether ``copy.deepcopy`` copies instances of ``cls`` as a new instance with its
+    ``__dict__`` deep-copied (no hooks of its own)."""
+    return (
+        all("__slots__" not in c.__dict__ for c in cls.__mro__)
+        and getattr(cls, "__deepcopy__", None) is None
+        and cls.__reduce_ex__ is object.__reduce_ex__
+        and cls.__reduce__ is object.__reduce__
+        and cls.__getstate__ is object.__getstate__
+        and getattr(cls, "__setstate__", None) is None
+        and cls not in copyreg.dispatch_table
+    )
+
+
+def _copy_into(dst: Any, src: Any, memo: dict[int, Any], claimed: set[int]) -> Any:
+    """What ``copy.deepcopy(src, memo)`` returns, made from ``dst`` (an earlier such copy
+    of ``src``) where the structure matches: an array of the same type, shape and dtype
+    is copied into (``numpy.copyto``), a plain object, dict or list of the same type (and
+    keys, length) is kept and its contents refreshed the same way; anything else is
+    ``copy.deepcopy``'d. Each object of ``dst`` is reused for at most one object of
+    ``src`` (``claimed``), and objects ``src`` shares stay shared (``memo``)."""
+    key = id(src)
+    if key in memo:
+        return memo[key]
+    if isinstance(src, _ATOMIC) and not isinstance(src, np.ndarray):
+        return src
+    out: Any
+    cls = type(src)
+    if dst is None or type(dst) is not cls or id(dst) in claimed or dst is src:
+        return copy.deepcopy(src, memo)
+    if cls is np.ndarray:
+        if dst.shape != src.shape or dst.dtype != src.dtype or src.dtype.hasobject or not dst.flags.writeable:
+            return copy.deepcopy(src, memo)
+        if dst.base is not None or not dst.flags.owndata:
+            return copy.deepcopy(src, memo)
+        np.copyto(dst, src, casting="no")
+        out = dst
+    elif cls is dict:
+        if list(dst) != list(src) or not all(isinstance(k, _ATOMIC) for k in src):
+            return copy.deepcopy(src, memo)
+        out = dst
+        memo[key] = out
+        claimed.add(id(out))
+        for k, v in src.items():
+            out[k] = _copy_into(dst[k], v, memo, claimed)
+    elif cls is list:
+        if len(dst) != len(src):
+            return copy.deepcopy(src, memo)
+        out = dst
+        memo[key] = out
+        claimed.add(id(out))
+        for i, v in enumerate(src):
+            out[i] = _copy_into(dst[i], v, memo, claimed)
+    elif cls is tuple:
+        items = tuple(_copy_into(d, v, memo, claimed) for d, v in zip(dst, src)) if len(dst) == len(src) else None
+        if items is None:
+            return copy.deepcopy(src, memo)
+        out = items if any(a is not b for a, b in zip(items, src)) else src
+    elif hasattr(src, "__dict__") and _plain(cls) and list(vars(dst)) == list(vars(src)):
+        out = dst
+        memo[key] = out
+        claimed.add(id(out))
+        d = vars(dst)
+        for k, v in vars(src).items():
+            d[k] = _copy_into(d[k], v, memo, claimed)
+    else:
+        return copy.deepcopy(src, memo)
+    memo[key] = out
+    claimed.add(id(out))
+    return out
 
 
 def _array_bytes(obj: Any, depth: int = 0) -> int:

@@ -1,0 +1,248 @@
+"""A read with reports pending sees the state's *shadow* (``RunState.read``): kept with the
+state and brought up to date by applying only the per-step updates it lacks, or
+refreshed in place. For every registered strategy it must be exactly the view the
+definition gives — ``copy.deepcopy(pool)``, the predictor's inbox taken, the pending
+groups sealed — array for array and byte for byte, with the same estimates, inspection
+and next plans, across steps with reports pending (whole steps, steps split over
+reports with reads between them, late reports), prompts registered and moved mid-run
+(past the arrays' capacity), predictions, extensions and strategy changes; reading must
+not change the fold; the shadow shares no buffer with the pool and is counted."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from rollplan.service import runstate as rs
+from rollplan.service.runstate import PromptsEvent, ReportEvent, RunState, SealEvent, StrategyEvent, _array_bytes
+from rollplan.service.scheduling import strategies as strat
+
+
+def _reference(state: RunState):
+    """The view by its definition (the code before the shadow)."""
+    view = copy.deepcopy(state.pool)
+    if state._inbox is not None:
+        rs._take_predictions(view, state._inbox)
+    if state.pending:
+        rs._seal_into(view, state.pending)
+    return view
+
+
+def _arrays(obj, out, depth=0):
+    if isinstance(obj, np.ndarray):
+        out.append(obj)
+    elif depth < 8 and isinstance(obj, dict):
+        for v in obj.values():
+            _arrays(v, out, depth + 1)
+    elif depth < 8 and isinstance(obj, (list, tuple)):
+        for v in obj:
+            _arrays(v, out, depth + 1)
+    elif depth < 8 and hasattr(obj, "__dict__") and not isinstance(obj, type):
+        for v in vars(obj).values():
+            _arrays(v, out, depth + 1)
+    return out
+
+
+def _same(a, b, path="pool", depth=0):
+    """Structural equality, arrays byte for byte (dtype, shape, capacity, NaN bits)."""
+    assert type(a) is type(b), path
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        if a.dtype.hasobject:
+            for i, (x, y) in enumerate(zip(a.ravel().tolist(), b.ravel().tolist())):
+                _same(x, y, f"{path}[{i}]", depth + 1)
+        else:
+            assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes(), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]", depth + 1)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]", depth + 1)
+    elif isinstance(a, float):
+        assert a == b or (a != a and b != b), path
+    elif hasattr(a, "__dict__") and not isinstance(a, type) and not callable(a):
+        assert list(vars(a)) == list(vars(b)), path
+        for k in vars(a):
+            _same(vars(a)[k], vars(b)[k], f"{path}.{k}", depth + 1)
+    elif isinstance(a, np.random.Generator):
+        assert a.bit_generator.state == b.bit_generator.state, path
+    else:
+        assert a == b, path
+
+
+def _check_read(state: RunState, step: int, rng_name: str) -> None:
+    ref = _reference(state)
+    with state.read() as view:
+        if not state.pending and state._inbox is None:
+            assert view is state.pool
+            return
+        _same(view, ref)
+        # No buffer of the view is the pool's (a fold after the read must not show in it).
+        live = _arrays(state.pool, [])
+        for x in _arrays(view, []):
+            assert not any(np.shares_memory(x, y) for y in live)
+        s = state.strategy
+        size = view.size
+        every = np.arange(size)
+        np.testing.assert_array_equal(s.predict(view, every, step), s.predict(ref, every, step))
+        assert s.inspect(view) == s.inspect(ref)
+        b = min(8, size)
+        req = strat.PlanRequest(b, b * 8, 1, 64, step)
+        pa = s.plan(view, req, strat.plan_rng("run", step, rng_name))
+        pb = s.plan(ref, req, strat.plan_rng("run", step, rng_name))
+        np.testing.assert_array_equal(pa.ordinals, pb.ordinals)
+        np.testing.assert_array_equal(pa.rollouts, pb.rollouts)
+        np.testing.assert_array_equal(pa.predicted_pass_rate, pb.predicted_pass_rate)
+        _same(view, ref, "pool after a plan")
+    assert state.nbytes() >= _array_bytes(state.pool) + _array_bytes(state._shadow)
+
+
+class _Run:
+    """Feeds one log to a state that reads (and is checked at every read) and to one that
+    never reads."""
+
+    def __init__(self, name: str, seed: int) -> None:
+        self.name, self.rng = name, np.random.default_rng(seed)
+        self.looked = RunState(1, "run", {"name": name, "params": {}}, (0.0, 1.0))
+        self.plain = RunState(1, "run", {"name": name, "params": {}}, (0.0, 1.0))
+        self.seq, self.size, self.step = 0, 0, 0
+
+    def event(self, make) -> None:
+        self.seq += 1
+        e = make(self.seq)
+        self.looked.apply(e)
+        self.plain.apply(e)
+
+    def read(self, times: int = 1) -> None:
+        for _ in range(times):
+            _check_read(self.looked, self.step, self.name)
+
+    def prompts(self, n: int) -> None:
+        o = np.arange(self.size, self.size + n)
+        self.size += n
+        r = self.rng
+        pri = np.where(r.random(n) < 0.2, r.uniform(0.1, 0.9, n), np.nan)
+        self.event(lambda s: PromptsEvent(s, o, [f"p{i}" for i in o], [f"d{i % 4}" for i in o], pri,
+                                          np.full(n, np.nan)))
+
+    def move(self, n: int) -> None:
+        o = np.sort(self.rng.choice(self.size, n, replace=False))
+        self.event(lambda s: PromptsEvent(s, o, [None] * n, [f"d{(i + 1) % 5}" for i in o],
+                                          self.rng.uniform(0.1, 0.9, n), np.full(n, np.nan)))
+
+    def report(self, step: int, g: int) -> None:
+        r = self.rng
+        o = r.choice(self.size, g).astype(np.int64)  # with repeats
+        n = r.integers(1, 9, g).astype(np.int64)
+        k = r.binomial(n, r.random(g)).astype(float)
+        self.event(lambda s: ReportEvent(s, step, o, n, k, (k > 0) & (k < n), r.random(g)))
+
+    def plan(self) -> None:
+        self.event(lambda s: SealEvent(s, self.step))
+
+    def predictions(self) -> None:
+        o = np.arange(self.size)
+        z = self.rng.normal(size=self.size)
+        z[::7] = np.nan
+        v = self.rng.uniform(0.05, 1.0, self.size)
+        self.looked.offer_predictions(o, z, v)
+        self.plain.offer_predictions(o, z, v)
+
+    def finish(self) -> None:
+        _same(self.looked.pool, self.plain.pool, "the fold")
+        self.plain.apply(SealEvent(self.seq + 1))
+        self.looked.apply(SealEvent(self.seq + 1))
+        _same(self.looked.pool, self.plain.pool, "the fold, sealed")
+
+
+@pytest.mark.parametrize("name", sorted(strat.REGISTRY))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_shadow_view_is_the_deepcopy_view(name, seed):
+    run = _Run(name, seed)
+    run.prompts(300)
+    for t in range(10):
+        run.step = t
+        run.plan()  # seals the steps ≤ t − 2: t − 1's reports stay pending
+        run.read(2 if t % 3 == 0 else 1)  # twice: the view is cached by log position
+        if t in (3, 7):
+            run.prompts(900 if t == 3 else 40)  # past the arrays' capacity, then within it
+            run.read()
+        if t == 5:
+            run.move(12)
+            run.predictions()
+            run.read()
+        if t == 6:
+            run.predictions()
+            run.read()
+        chunks = 1 if t % 2 == 0 else 3  # a step as one report, or split with reads between
+        for c in range(chunks):
+            run.report(t, int(run.rng.integers(4, 40)))
+            if c < chunks - 1 or t % 4 == 1:
+                run.read()
+        if t == 4:
+            run.report(t - 1, 6)  # a late report of the step before
+            run.read()
+        if t == 8:
+            run.event(lambda s: SealEvent(s, None))  # an extension seals everything
+            run.report(t, 5)
+            run.read()
+    run.finish()
+
+
+def test_a_strategy_change_and_the_pending_bound_keep_the_view_exact(monkeypatch):
+    monkeypatch.setattr(rs, "PENDING_MAX_GROUPS", 50)
+    run = _Run("default", 3)
+    run.prompts(200)
+    for t in range(6):
+        run.step = t
+        run.plan()
+        run.read()
+        for _ in range(3):
+            run.report(t, 20)  # a seal every few reports (the bound)
+            run.read()
+        if t == 2:
+            run.event(lambda s, t=t: StrategyEvent(s, t + 1, {"name": "default", "params": {}}))
+            run.read()
+    run.finish()
+
+
+def test_the_steady_state_applies_only_the_new_step(monkeypatch):
+    """Plan t with t − 1 pending, report t − 1, plan t + 1 …: after the first read the
+    shadow is not copied again, only the new step is applied to it."""
+    run = _Run("default", 5)
+    run.prompts(2000)
+    calls = []
+    real = rs._copy_into
+    monkeypatch.setattr(rs, "_copy_into", lambda *a: calls.append(1) or real(*a))
+    shadow = None
+    for t in range(6):
+        run.step = t
+        run.plan()
+        run.read()
+        if t >= 1:
+            shadow = shadow or run.looked._shadow
+            assert run.looked._shadow is shadow
+        run.report(t, 64)
+    assert len(calls) == 1
+    run.finish()
+
+
+def test_copy_into_is_deepcopy():
+    """The refresh in place gives what ``copy.deepcopy`` gives, sharing kept, a buffer of
+    the old copy reused for one array only, changed shapes and types copied afresh."""
+    shared = np.arange(5.0)
+    src = {"a": shared, "b": shared, "c": [np.zeros(3, np.int32), (1, "x", np.ones(2))], "d": {"k": 2.5}}
+    dst = copy.deepcopy(src)
+    old_a = dst["a"]
+    src["a"] = np.arange(5.0) + 1  # no longer shared with "b": the old buffer serves one of them
+    src["c"][0] = np.zeros(4, np.int32)  # grown
+    out = rs._copy_into(dst, src, {}, set())
+    _same(out, copy.deepcopy(src), "copy")
+    assert out["a"] is old_a and out["b"] is not old_a and not np.shares_memory(out["b"], src["b"])
+    assert out["c"][0] is not src["c"][0]
+    src["b"][0] = 99.0
+    assert out["b"][0] == 0.0
