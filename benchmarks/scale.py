@@ -2,6 +2,7 @@
 PostgreSQL, through a real ``rollplan serve`` process over HTTP.
 
     rollplan bench scale [--smoke] [--out DIR] [--pools 1000000,10000000] [--databases sqlite,postgres]
+                         [--old PATH] [--rounds N]
 
 Two parts, side by side in one run:
 
@@ -17,6 +18,11 @@ Two parts, side by side in one run:
   (1,024 groups × 16 rewards). The server's RSS before registration, after it and at the
   end (``/proc``) gives MiB per million prompts; the plan p50 sits next to the floor
   measured in the same run, one ``numpy.argpartition`` of the batch over the pool.
+
+``--old PATH`` runs every server measurement a second time from another source tree (a
+``git worktree`` of an earlier commit), alternating with this one, ``--rounds`` times:
+rows carry ``code`` (``new`` / ``old``) and ``round``, each with the floor measured next
+to it.
 
 Writes ``scale.json`` and ``scale.png`` (plan p50 with the floor, and RSS per million,
 against pool size) to ``--out``.
@@ -166,7 +172,8 @@ def plot(res: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     floor_done = False
-    for db, rows in res["server"].items():
+    for db, all_rows in res["server"].items():
+        rows = [r for r in all_rows if r.get("code", "new") == "new" and r.get("round", 0) == 0]
         x = [r["pool"] for r in rows]
         a.plot(x, [r["plan_p50_s"] * 1e3 for r in rows], "o-", label=f"plan p50, {db}")
         b.plot(x, [r["rss_mb_per_million"] for r in rows], "o-", label=db)
@@ -201,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--state-strategies", default=None, help="comma-separated (default: all registered)")
     ap.add_argument("--no-state", action="store_true", help="skip the in-process state part")
     ap.add_argument("--no-trace", action="store_true", help="state part without tracemalloc (faster)")
+    ap.add_argument("--old", default=None, help="also run the servers from this source tree (e.g. a git worktree)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat each server measurement (new, old) N times")
     a = ap.parse_args(argv)
     pools = [int(x) for x in (a.pools or ("20000,100000" if a.smoke else "1000000,10000000")).split(",")]
     steps = a.steps or (3 if a.smoke else 9)
@@ -222,17 +231,23 @@ def main(argv: list[str] | None = None) -> dict:
     for db in a.databases.split(","):
         print(f"server on {db}", flush=True)
         rows = []
+        variants = [("new", None)] + ([("old", a.old)] if a.old else [])
         for pool in pools:
-            with tempfile.TemporaryDirectory() as tmp:
-                workdir = Path(tmp)
-                if db == "sqlite":
-                    with server(f"sqlite:///{workdir / 'scale.db'}", workdir) as url:
-                        rows.append(run_pool(url, pool, steps, a.strategy))
-                else:
-                    with pg_database() as pg, server(pg, workdir) as url:
-                        rows.append(run_pool(url, pool, steps, a.strategy))
-            res["server"][db] = rows
-            (out / "scale.json").write_text(json.dumps(res, indent=1))
+            for rnd in range(a.rounds):
+                for variant, code in variants:
+                    if a.old:
+                        print(f"  code {variant}, round {rnd}", flush=True)
+                    with tempfile.TemporaryDirectory() as tmp:
+                        workdir = Path(tmp)
+                        if db == "sqlite":
+                            with server(f"sqlite:///{workdir / 'scale.db'}", workdir, code=code) as url:
+                                row = run_pool(url, pool, steps, a.strategy)
+                        else:
+                            with pg_database() as pg, server(pg, workdir, code=code) as url:
+                                row = run_pool(url, pool, steps, a.strategy)
+                    rows.append({**row, "code": variant, "round": rnd})
+                    res["server"][db] = rows
+                    (out / "scale.json").write_text(json.dumps(res, indent=1))
     (out / "scale.json").write_text(json.dumps(res, indent=1))
     if res["server"]:
         plot(res, out / "scale.png")
