@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "config": {"batch": batch, "budget": budget, "groups": groups, "rewards": rewards, "smoke": args.smoke,
                    "register_pool": reg_pool, "register_chunk": chunk, "old": args.old},
-        "plans": [], "ingest": [], "register": [], "copy_floor": {}, "floors": [],
+        "plans": [], "ingest": [], "register": [], "register_client": [], "copy_floor": {}, "floors": [],
     }
     variants = [("new", None)] + ([("old", args.old)] if args.old else [])
     for db in args.databases.split(","):
@@ -372,6 +372,11 @@ def main(argv: list[str] | None = None) -> dict:
                         print(f"register {db:8s} {variant} pool={reg_pool:,} {row['prompts_per_s']:>10,.0f} prompts/s "
                               f"(first tenth {row['first_tenth_prompts_per_s']:,.0f}, last tenth "
                               f"{row['last_tenth_prompts_per_s']:,.0f})", flush=True)
+                        client_pool = min(reg_pool, 200_000)
+                        row = {**bench_register_client(url, client_pool, chunk), **tag}
+                        results["register_client"].append(row)
+                        print(f"register {db:8s} {variant} via Client.upsert_prompts pool={client_pool:,} "
+                              f"{row['prompts_per_s']:>10,.0f} prompts/s", flush=True)
                     if "ingest" in sections:
                         for clients in (1, 4):
                             row = {**bench_ingest(url, clients, reports_each, groups, rewards, 20_000), **tag}
@@ -402,7 +407,8 @@ def _add_ratios(res: dict) -> None:
     """Each PostgreSQL registration and ingestion figure over the COPY floors of its own
     database (``ratio``: the TEMP-table floor; ``ratio_logged``: the durable one)."""
     floors = {(f["db"], f["code"], f["round"]): f for f in res["floors"]}
-    for section, key in (("register", "prompts_per_s"), ("ingest", "rewards_per_s")):
+    for section, key in (("register", "prompts_per_s"), ("register_client", "prompts_per_s"),
+                         ("ingest", "rewards_per_s")):
         for r in res[section]:
             f = floors.get((r["db"], r.get("code"), r.get("round")))
             if f and f.get(key):
@@ -464,6 +470,13 @@ def _print_tables(res: dict) -> None:
         for r in res["register"]:
             print(f"| {r['db']} | {r.get('code', 'new')} | {r.get('round', 0)} | {r['pool']:,} | {r['prompts_per_s']:,.0f} | "
                   f"{r['first_tenth_prompts_per_s']:,.0f} | {r['last_tenth_prompts_per_s']:,.0f}{ratio(r)} |")
+    if res.get("register_client"):
+        print("\nregistration through the Python client (`Client.upsert_prompts`, its own JSON encoding included)")
+        print("| db | code | round | pool | prompts/s | COPY floor | ratio | COPY floor, logged | ratio |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in res["register_client"]:
+            print(f"| {r['db']} | {r.get('code', 'new')} | {r.get('round', 0)} | {r['pool']:,} | "
+                  f"{r['prompts_per_s']:,.0f}{ratio(r)} |")
     print("\n| db | code | round | clients | rewards/s | report p50 (ms) | report p99 (ms) | COPY floor | ratio | "
           "COPY floor, logged | ratio |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
