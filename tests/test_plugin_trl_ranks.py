@@ -102,32 +102,42 @@ def recorded_groups(calls: list[list[dict]]) -> dict[str, list]:
     return {pid: sorted(g) for pid, g in groups.items()}
 
 
-def test_two_ranks_train_on_the_plan_and_report_each_group_once(server_factory, tmp_path):
+def test_two_ranks_train_on_the_plan_generate_only_it_and_report_each_group_once(server_factory, tmp_path):
     """Rank 1 is given a dead service URL (an outage only it sees): it still trains on
-    the service's plans, because the main process plans and broadcasts."""
+    the service's plans, because the main process plans and broadcasts. With
+    num_generations=4 and plans of 5 rollouts over 2 prompts (per-prompt counts), the two
+    ranks together generate 5 completions a step, not 8, and the service stores exactly
+    the planned counts, each group once."""
     srv = server_factory().start()
-    out, steps = tmp_path / "ranks", 4
+    out, steps, g = tmp_path / "ranks", 3, 4
     finish(launch(out, "--url", srv.url, "--url-rank1", "http://127.0.0.1:9", "--run", "ranks",
-                  "--steps", str(steps)), out)
+                  "--steps", str(steps), "--g", str(g), "--mask-budget", "5"), out)
     calls, stats = ranks(out)
     assert [s["global_step"] for s in stats] == [steps, steps]
     assert stats[0]["service_plans"] >= steps and stats[0]["fallback_plans"] == 0
     # rank 1 never planned on its own: every plan came from the main process
     assert stats[1]["service_plans"] == 0 and stats[1]["fallback_plans"] == 0
     assert stats[1]["plans_from_leader"] >= steps
+    # only the planned completions were generated (counted at each rank's model.generate)
+    assert sum(s["generated"] for s in stats) == steps * 5
+    assert sum(s.get("completions_skipped", 0) for s in stats) == steps * (B * g - 5)
     by_step = per_step(calls)
     assert sorted(by_step) == list(range(steps))
+    scored = {(pid, step): rewards for pid, groups in recorded_groups(calls).items() for step, rewards in groups}
     with Client(srv.url) as rp:
         for step, (ids0, ids1) in by_step.items():
-            plan = rp.plan("ranks", B, step=step)
-            assert not plan.created  # the stored plan of that step
-            planned = sorted(i.prompt_id for i in plan.items for _ in range(G))
-            assert sorted(ids0 + ids1) == planned  # together: the plan, each prompt G times
+            plan = rp.plan("ranks", B, rollout_budget=5, step=step)
+            assert not plan.created and sum(i.rollouts for i in plan.items) == 5  # the stored plan
+            planned = sorted(i.prompt_id for i in plan.items for _ in range(g))
+            assert sorted(ids0 + ids1) == planned  # together: the plan's prompts, G rows each
             assert ids0 and ids1  # both ranks trained on it
+            for item in plan.items:
+                (hist,) = [h for h in rp.get_prompt("ranks", item.prompt_id)["history"] if h["step"] == step]
+                # the rewards of the rows generated (copies 0 .. r-1), as the reward function scored them
+                assert hist["rewards"] == scored[(item.prompt_id, step)][: item.rollouts]
         run = rp.get_run("ranks")
         assert run.stats["results"] == steps * B  # each group once
-        assert run.stats["rollouts"] == steps * B * G
-    assert stored_groups(srv.url, "ranks") == recorded_groups(calls)
+        assert run.stats["rollouts"] == steps * 5
 
 
 def test_service_killed_mid_run_two_ranks_agree_and_lose_no_report(server_factory, tmp_path):
@@ -167,24 +177,3 @@ def test_service_killed_mid_run_two_ranks_agree_and_lose_no_report(server_factor
         assert run.stats["results"] == steps * B
         assert run.stats["rollouts"] == steps * B * G
     assert stored_groups(srv.url, "kill") == recorded_groups(calls)
-
-
-def test_two_ranks_generate_only_the_planned_completions(server_factory, tmp_path):
-    """num_generations=4, plans of 5 rollouts over 2 prompts (budget 5, min 1): across
-    the two ranks the model generates 5 completions per step, not 8, and the service
-    stores exactly the planned counts."""
-    srv = server_factory().start()
-    out, steps = tmp_path / "mask", 3
-    finish(launch(out, "--url", srv.url, "--run", "mask", "--steps", str(steps), "--g", "4",
-                  "--mask-budget", "5"), out)
-    calls, stats = ranks(out)
-    assert sum(s["generated"] for s in stats) == steps * 5
-    assert sum(s.get("completions_skipped", 0) for s in stats) == steps * (B * 4 - 5)
-    with Client(srv.url) as rp:
-        for step in range(steps):
-            plan = rp.plan("mask", B, rollout_budget=5, step=step)
-            assert not plan.created and sum(i.rollouts for i in plan.items) == 5
-            for item in plan.items:
-                (hist,) = [h for h in rp.get_prompt("mask", item.prompt_id)["history"] if h["step"] == step]
-                assert len(hist["rewards"]) == item.rollouts
-        assert rp.get_run("mask").stats["rollouts"] == steps * 5
