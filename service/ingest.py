@@ -22,7 +22,7 @@ from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
 from .runstate import PromptsEvent, ReportEvent
 from .states import StateStore
 from .storage import repository as repo
-from .storage.db import write_session
+from .storage.db import locked_read_session, write_session
 
 WARM_START_MAX_STRENGTH = 20.0
 
@@ -113,8 +113,13 @@ class Ingest:
         body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat)
         texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
 
-        with write_session(self.sessions, run_id) as s:
-            row = repo.report_context(s, run_id, body.report_id, body.step)
+        # The run's lock and the report's context in one round trip (PostgreSQL).
+        read = repo.report_context_sql(run_id, body.report_id, body.step)
+        with locked_read_session(self.sessions, run_id, read) as (s, pg_row):
+            if pg_row is not None or repo.is_postgres(s):
+                row = repo.report_context_of_row(s, pg_row)
+            else:
+                row = repo.report_context(s, run_id, body.report_id, body.step)
             if row is None:
                 raise run_not_found(run_id)
             run, prior_groups, prior_hash, reported_step, step_known = row

@@ -211,11 +211,30 @@ class PromptIds:
                 continue
             lo = np.searchsorted(th, h, "left")
             hi = np.searchsorted(th, h, "right")
-            for i in np.flatnonzero((hi > lo) & (out < 0)).tolist():
-                want = prompt_ids[i].encode()
-                for j in range(int(lo[i]), int(hi[i])):
+            todo = np.flatnonzero((hi > lo) & (out < 0))
+            if todo.size == 0:
+                continue
+            # Each id's first candidate (almost always its only one), confirmed at once:
+            # same length and the same bytes.
+            cand = to[lo[todo]].astype(np.int64)
+            enc = [prompt_ids[i].encode() for i in todo.tolist()]
+            want_len = np.fromiter(map(len, enc), np.int64, len(enc))
+            start = off[cand].astype(np.int64)
+            ok = (off[cand + 1].astype(np.int64) - start) == want_len
+            sel = np.flatnonzero(ok)
+            lens = want_len[sel]
+            want = np.frombuffer(b"".join([enc[k] for k in sel.tolist()]), np.uint8)
+            ends = np.cumsum(lens)
+            at = np.repeat(start[sel] - (ends - lens), lens) + np.arange(int(ends[-1]) if ends.size else 0)
+            differ = np.r_[0, np.cumsum(buf[at] != want)]
+            ok[sel] = differ[ends] == differ[ends - lens]
+            out[todo[ok]] = cand[ok]
+            # The rest: the other candidates of a shared hash, one by one.
+            for k in np.flatnonzero(~ok & (hi[todo] - lo[todo] > 1)).tolist():
+                i = int(todo[k])
+                for j in range(int(lo[i]) + 1, int(hi[i])):
                     o = int(to[j])
-                    if bytes(raw[int(off[o]) : int(off[o + 1])]) == want:
+                    if bytes(raw[int(off[o]) : int(off[o + 1])]) == enc[k]:
                         out[i] = o
                         break
         return out

@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..config import Settings
@@ -57,7 +58,9 @@ def make_engine(settings: Settings) -> Engine:
         url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
-        pool_pre_ping=True,
+        # No pre-ping (a round trip per request): a connection found dead by the
+        # transaction's first statement is replaced and the statement retried once
+        # (``write_session``); elsewhere the disconnect answers a retryable 503.
         pool_timeout=30,
         connect_args=connect_args,
     )
@@ -81,26 +84,90 @@ def _sqlite_writer_lock(url: str) -> threading.Lock:
         return _SQLITE_WRITERS.setdefault(url, threading.Lock())
 
 
+def literal(value: Any) -> str:
+    """``value`` as a PostgreSQL literal (ints, strings: the statements built here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"no literal for {type(value).__name__}")
+    if isinstance(value, int):
+        return str(value)
+    if "\0" in value:
+        raise ValueError("a NUL byte has no PostgreSQL literal")
+    # standard_conforming_strings is on (PostgreSQL's default since 9.1): only ' is special.
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _begin_locked(session: Session, run_id: str, read: str | None) -> tuple | None:
+    """Take the run's lock as the transaction's first statement; on PostgreSQL with
+    ``read``, a query sent in the same round trip, run after the lock is granted (its
+    own statement, so its snapshot sees every transaction that held the lock before)."""
+    bind = session.get_bind()
+    if bind.dialect.name == "sqlite":
+        session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+        return None
+    key = run_lock_key(run_id)
+    if read is None:
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+        return None
+    # No parameters: psycopg sends both statements as one simple query (one round trip).
+    res = session.connection().exec_driver_sql(f"SELECT pg_advisory_xact_lock({key}); {read}")
+    cur = res.cursor
+    if cur is None or not cur.nextset():  # pragma: no cover - two statements were sent
+        raise RuntimeError("the locked read returned no result")
+    row = cur.fetchone()
+    res.close()
+    return row
+
+
 @contextmanager
-def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Session]:
-    """A transaction that holds the run's lock from its first statement to commit."""
-    with factory() as session, ExitStack() as stack:
-        bind = session.get_bind()
-        if bind.dialect.name == "sqlite":
-            # Writers of this process queue on a lock first: SQLite's own busy
-            # handler polls with sleeps, which under many concurrent writers gave
-            # multi-second tail latencies. BEGIN IMMEDIATE still guards against
-            # other processes.
-            stack.enter_context(_sqlite_writer_lock(str(bind.engine.url)))
-            session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
-        else:
-            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": run_lock_key(run_id)})
+def _locked_session(factory: sessionmaker[Session], run_id: str, read: str | None) -> Iterator[tuple[Session, Any]]:
+    for attempt in (0, 1):
+        session = factory()
         try:
-            yield session
+            row = _begin_locked(session, run_id, read)
+        except DBAPIError as e:
+            session.close()
+            # A pooled connection that died idle (PostgreSQL restarted): nothing was
+            # done yet, so the first statement is retried once on a fresh connection.
+            if attempt == 0 and e.connection_invalidated:
+                continue
+            raise
+        except BaseException:
+            session.close()
+            raise
+        break
+    with session:
+        try:
+            yield session, row
             session.commit()
         except BaseException:
             session.rollback()
             raise
+
+
+@contextmanager
+def write_session(factory: sessionmaker[Session], run_id: str) -> Iterator[Session]:
+    """A transaction that holds the run's lock from its first statement to commit."""
+    with ExitStack() as stack:
+        if factory.kw["bind"].dialect.name == "sqlite":
+            # Writers of this process queue on a lock first: SQLite's own busy
+            # handler polls with sleeps, which under many concurrent writers gave
+            # multi-second tail latencies. BEGIN IMMEDIATE still guards against
+            # other processes.
+            stack.enter_context(_sqlite_writer_lock(str(factory.kw["bind"].url)))
+        session, _ = stack.enter_context(_locked_session(factory, run_id, None))
+        yield session
+
+
+@contextmanager
+def locked_read_session(factory: sessionmaker[Session], run_id: str, read: str) -> Iterator[tuple[Session, Any]]:
+    """``write_session`` whose lock comes, on PostgreSQL, with the first row of ``read``
+    (SQL text with its values inlined, see ``literal``) in the same round trip; on
+    SQLite the row is None (BEGIN IMMEDIATE already serialises: read it after)."""
+    with ExitStack() as stack:
+        if factory.kw["bind"].dialect.name == "sqlite":
+            stack.enter_context(_sqlite_writer_lock(str(factory.kw["bind"].url)))
+            read = None  # type: ignore[assignment]
+        yield stack.enter_context(_locked_session(factory, run_id, read))
 
 
 def _copy_text(value) -> str:

@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select, text, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..runstate import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
-from .db import bulk_insert, copy_text
+from .db import bulk_insert, copy_text, literal
 from .models import (
     Plan,
     PlanExtension,
@@ -429,6 +430,35 @@ def report_context(s: Session, run_id: str, report_id: str, step: int):
         .outerjoin(Report, (Report.run_pk == Run.pk) & (Report.report_id == report_id))
         .where(Run.id == run_id)
     ).first()
+
+
+# (attribute, column name) of every column of Run, in the mapper's order.
+_RUN_COLUMNS = tuple((a.key, a.columns[0].name) for a in sa_inspect(Run).column_attrs)
+
+
+def report_context_sql(run_id: str, report_id: str, step: int) -> str:
+    """``report_context`` as PostgreSQL text with its values inlined, for
+    ``locked_read_session`` (sent with the lock, run once the lock is granted)."""
+    cols = ", ".join(f"r.{name}" for _, name in _RUN_COLUMNS)
+    return (
+        f"SELECT {cols}, rep.n_groups, rep.body_hash, "
+        "(SELECT max(x.step) FROM results x WHERE x.run_pk = r.pk), "
+        f"EXISTS (SELECT 1 FROM run_steps st WHERE st.run_pk = r.pk AND st.step = {literal(int(step))}) "
+        f"FROM runs r LEFT JOIN reports rep ON rep.run_pk = r.pk AND rep.report_id = {literal(report_id)} "
+        f"WHERE r.id = {literal(run_id)}"
+    )
+
+
+def report_context_of_row(s: Session, row: tuple | None):
+    """``report_context``'s answer from a row of ``report_context_sql``: the run as a
+    persistent instance of this session, as if it had been loaded by a query."""
+    if row is None:
+        return None
+    n = len(_RUN_COLUMNS)
+    run = Run(**{key: v for (key, _), v in zip(_RUN_COLUMNS, row[:n])})
+    make_transient_to_detached(run)
+    s.add(run)
+    return (run, *row[n:])
 
 
 def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
