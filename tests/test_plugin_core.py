@@ -290,3 +290,46 @@ def test_followers_get_the_leaders_plan_even_when_they_cannot_reach_the_service(
     assert set(errors) == {0, 1, 2} and "larger than the dataset" in errors[2]
     for s in ranks:
         s.close(timeout=5)
+
+
+def test_embedded_server_lives_and_dies_with_its_trainer(tmp_path):
+    """The embedded server (a trainer given no URL) answers on a free local port with its
+    SQLite database in the directory given, and goes away when the trainer process is
+    SIGKILLed (PR_SET_PDEATHSIG set by the child itself, after exec)."""
+    import json
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    code = ("import json, sys, time; from rollplan.plugins.embedded import start_embedded; "
+            "s = start_embedded(sys.argv[1]); print(json.dumps({'url': s.url, 'pid': s.process.pid}), flush=True); "
+            "time.sleep(600)")
+    trainer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(trainer.stdout.readline())
+        assert httpx.get(info["url"] + "/healthz", timeout=5).status_code == 200
+        assert (tmp_path / "out" / "rollplan" / "rollplan.db").exists()
+        assert json.loads((tmp_path / "out" / "rollplan" / "server.json").read_text())["url"] == info["url"]
+        with Client(info["url"]) as rp:
+            assert rp.put_run("embedded", rollouts_per_prompt=4).created
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(info["pid"], 0)
+            except ProcessLookupError:
+                break
+            try:  # reap it if it became our grandchild's zombie (it is not ours: init reaps it)
+                os.waitpid(info["pid"], os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            os.kill(info["pid"], signal.SIGKILL)
+            raise AssertionError("the embedded server outlived its trainer")
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -43,12 +42,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the child gets SIGTERM when the trainer process dies, even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+# The child's first lines (after exec, so no preexec_fn, which is unsafe in a process with
+# threads): on Linux ask for SIGTERM when the trainer dies, even by SIGKILL
+# (PR_SET_PDEATHSIG), and exit if it is already gone; then run `rollplan serve`.
+_BOOT = """
+import os, sys
+parent = int(sys.argv.pop(1))
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes, signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+    except Exception:
+        pass
+    if os.getppid() != parent:
+        sys.exit(0)
+from rollplan.service.cli import main
+sys.argv[0] = "rollplan"
+main()
+"""
 
 
 class EmbeddedServer:
@@ -74,15 +85,9 @@ class EmbeddedServer:
         self.url = f"http://127.0.0.1:{port}"
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 - the child's stdout for its lifetime
         env = {**os.environ, "ROLLPLAN_DATABASE_URL": f"sqlite:///{self.database}"}
-        cmd = [sys.executable, "-m", "rollplan.service.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [sys.executable, "-c", _BOOT, str(os.getpid()), "serve", "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["--log-level", "warning"]
-        self.process = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
-        )
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
