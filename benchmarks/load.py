@@ -30,8 +30,6 @@ import itertools
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -40,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from .speed import _free_port, pg_database
+from .speed import pg_database, rss_mb, server
 
 
 def owner(run: str, n: int) -> int:
@@ -51,16 +49,8 @@ def owner(run: str, n: int) -> int:
 
 def rss_mib(pid: int) -> float | None:
     """Resident memory of a process and its children (uvicorn workers), MiB (Linux)."""
-    total, seen = 0, False
-    for p in [pid, *_children(pid)]:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-                    seen = True
-        except OSError:
-            continue
-    return total / 1024 if seen else None
+    found = [m for p in [pid, *_children(pid)] if (m := rss_mb(p)) is not None]
+    return sum(found) if found else None
 
 
 def _children(pid: int) -> list[int]:
@@ -90,41 +80,6 @@ class Router:
 
     def get(self, path: str, **kw):
         return self._pick(path).get(path, **kw)
-
-
-@contextmanager
-def server(database_url: str, workdir: Path, workers: int = 1, env: dict | None = None, pids: list | None = None):
-    """``rollplan serve`` in a subprocess, ready when /readyz answers (its pid appended
-    to ``pids``)."""
-    port = _free_port()
-    log_path = workdir / f"server-{port}.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollplan.service.cli", "serve", "--port", str(port), "--log-level", "warning",
-         "--workers", str(workers)],
-        env={**os.environ, "ROLLPLAN_DATABASE_URL": database_url, **(env or {})},
-        cwd=workdir, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    if pids is not None:
-        pids.append(proc.pid)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 class Recorder:
@@ -332,13 +287,11 @@ def main(argv: list[str] | None = None) -> dict:
 def _replicated(db_url: str, workdir: Path, a: argparse.Namespace, name: str, tag: str, affinity: bool) -> dict:
     """``a.replicas`` servers over ``db_url``, loaded through a :class:`Router`."""
     workers = a.workers if name != "sqlite" else 1
-    pids: list[int] = []
     env = dict(kv.split("=", 1) for kv in a.server_env)
     with ExitStack() as stack:
-        urls = [stack.enter_context(server(db_url, workdir, workers=workers, env=env, pids=pids))
-                for _ in range(a.replicas)]
+        urls = [stack.enter_context(server(db_url, workdir, workers=workers, env=env)) for _ in range(a.replicas)]
         res = asyncio.run(drive(urls, a, tag, affinity))
-        res["rss_mib"] = [rss_mib(p) for p in pids]
+        res["rss_mib"] = [rss_mib(u.pid) for u in urls]
     res["replicas"] = a.replicas
     res["affinity"] = ("on" if affinity else "off") if a.replicas > 1 else "–"
     return res

@@ -44,21 +44,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from .speed import argpartition_floor, pg_database, rss_mb, server
+from .speed import argpartition_floor, pg_database, proc_status_mb, rss_mb, server
 
 CHUNK = 50_000
 BATCH = 1024
 ROLLOUTS = 16
-
-
-def _hwm_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 # -- state: bytes per prompt per strategy, in process ------------------------------------
@@ -147,7 +137,7 @@ def run_pool(url, pool: int, steps: int, strategy: str) -> dict:
         res["stored_plan_s"] = time.perf_counter() - t
         assert r.status_code == 200, r.text
     res["rss_end_mb"] = rss_mb(pid)
-    res["rss_peak_mb"] = _hwm_mb(pid)
+    res["rss_peak_mb"] = proc_status_mb(pid, "VmHWM")
     # The first plan also folds whatever registration left pending; the p50 is over all.
     res["plan_s"] = plan_s
     res["plan_p50_s"] = statistics.median(plan_s)

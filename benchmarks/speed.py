@@ -66,23 +66,30 @@ class ServerURL(str):
     pid: int
 
 
-def rss_mb(pid: int) -> float | None:
-    """Resident memory of a process in MiB (Linux ``/proc``; None elsewhere)."""
+def proc_status_mb(pid: int, field: str = "VmRSS") -> float | None:
+    """A memory line of a process's ``/proc/{pid}/status`` in MiB (``VmRSS``: resident,
+    ``VmHWM``: its peak); None where there is no ``/proc`` or no such process."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
 
 
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process in MiB (Linux ``/proc``; None elsewhere)."""
+    return proc_status_mb(pid, "VmRSS")
+
+
 @contextmanager
-def server(database_url: str, workdir: Path, workers: int = 1, code: str | None = None):
-    """A ``rollplan serve`` process; ``code``: run the server from that source tree instead
-    (a checkout or ``git worktree`` of another commit; see :func:`package_shim`)."""
+def server(database_url: str, workdir: Path, workers: int = 1, code: str | None = None, env: dict | None = None):
+    """A ``rollplan serve`` process (``env``: more of its environment); ``code``: run the
+    server from that source tree instead (a checkout or ``git worktree`` of another commit;
+    see :func:`package_shim`)."""
     port = _free_port()
-    env = {**os.environ, "ROLLPLAN_DATABASE_URL": database_url}
+    env = {**os.environ, "ROLLPLAN_DATABASE_URL": database_url, **(env or {})}
     if code is not None:
         env["PYTHONPATH"] = package_shim(Path(code), workdir)
     log = open(workdir / f"server-{port}.log", "wb")
@@ -106,7 +113,11 @@ def server(database_url: str, workdir: Path, workers: int = 1, code: str | None 
         yield url
     finally:
         proc.terminate()
-        proc.wait(20)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def package_shim(tree: Path, workdir: Path) -> str:

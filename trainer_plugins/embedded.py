@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["EmbeddedServer", "resolve_url", "service_url", "start_embedded"]
+__all__ = ["EmbeddedServer", "embedded_server", "resolve_url", "service_url", "start_embedded"]
 
 logger = logging.getLogger("rollplan.plugins")
 
@@ -132,11 +132,24 @@ class EmbeddedServer:
             proc.wait()
 
 
-def start_embedded(output_dir: str | os.PathLike[str]) -> EmbeddedServer:
-    """An :class:`EmbeddedServer` for ``{output_dir}/rollplan``, started."""
-    server = EmbeddedServer(Path(output_dir) / "rollplan")
-    server.start()
+_STARTED: dict[Path, EmbeddedServer] = {}
+
+
+def embedded_server(directory: str | os.PathLike[str]) -> EmbeddedServer:
+    """This process's embedded server for ``directory``: started the first time (or again
+    once stopped), then shared — two plugin parts of one trainer (verl's dataset and replay
+    buffer) reach the same one."""
+    key = Path(directory).resolve()
+    server = _STARTED.get(key)
+    if server is None or not server.running:
+        server = _STARTED[key] = EmbeddedServer(key)
+        server.start()
     return server
+
+
+def start_embedded(output_dir: str | os.PathLike[str]) -> EmbeddedServer:
+    """The embedded server of a trainer's output directory (``{output_dir}/rollplan``)."""
+    return embedded_server(Path(output_dir) / "rollplan")
 
 
 def resolve_url(url: str | None) -> str | None:
@@ -146,20 +159,11 @@ def resolve_url(url: str | None) -> str | None:
     return None if url == EMBEDDED else url
 
 
-_STARTED: dict[Path, EmbeddedServer] = {}
-
-
 def service_url(url: str | None, directory: str | os.PathLike[str]) -> str:
-    """``url`` (or ``$ROLLPLAN_URL``); without one, the URL of this process's embedded
-    server for ``directory`` (started the first time; two plugin parts of one trainer —
-    verl's dataset and replay buffer — share it)."""
+    """``url`` (or ``$ROLLPLAN_URL``); without one, the URL of :func:`embedded_server`."""
     resolved = resolve_url(url)
     if resolved is not None:
         return resolved
-    key = Path(directory).resolve()
-    server = _STARTED.get(key)
-    if server is None or not server.running:
-        server = _STARTED[key] = EmbeddedServer(key)
-        server.start()
+    server = embedded_server(directory)
     assert server.url is not None
     return server.url

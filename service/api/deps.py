@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 import hmac
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
@@ -118,14 +118,17 @@ ReadAuthDep = Annotated[auth.Principal, Depends(require_read)]
 RAW_BODY_MODELS: list[type[BaseModel]] = []
 
 
-def json_body(model: type[BaseModel], limit: str | None = None):
+def json_body(model: type[BaseModel], limit: str | None = None, validate: Callable[[bytes], Any] | None = None):
     """A request-body dependency that parses and validates the raw bytes in one pass
     (pydantic's own JSON parser) instead of FastAPI's ``json.loads`` followed by a
     validation of the Python objects: about 4x less CPU for a report of 8,192 rewards,
     the ingestion hot path. Errors are the same 422 as for any other body. ``limit``
     names the setting that bounds the body's bytes: a longer body is refused (413) from
-    its Content-Length before it is read, or as soon as the bytes read pass it."""
+    its Content-Length before it is read, or as soon as the bytes read pass it.
+    ``validate`` parses the bytes instead of ``model.model_validate_json`` (the body is then
+    whatever it returns; ``model`` stays the one the OpenAPI document shows)."""
     RAW_BODY_MODELS.append(model)
+    check = validate or model.model_validate_json
 
     async def parse(request: Request):
         if limit is not None:
@@ -146,7 +149,7 @@ def json_body(model: type[BaseModel], limit: str | None = None):
         else:
             raw = await request.body()
         try:
-            return model.model_validate_json(raw)
+            return check(raw)
         except ValidationError as e:
             errors = [
                 {**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_context=False)

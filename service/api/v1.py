@@ -6,16 +6,13 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from ..errors import Invalid, TooLarge
 from ..scheduling import strategies as strat
 from . import schemas
 from .cursors import _decode_cursor, _encode_cursor, decode_sort_cursor, encode_sort_cursor
 from .deps import (
-    RAW_BODY_MODELS,
     AuthDep,
     EngineDep,
     SessionDep,
@@ -132,21 +129,14 @@ def change_strategy(run_id: RunIdPath, body: schemas.StrategyChangeIn, engine: E
 
 
 # -- prompts --------------------------------------------------------------------------
-async def prompts_body(request: Request) -> list[schemas.PromptRow]:
-    """The upsert's prompts, parsed and validated from the raw bytes in one pass into
-    dicts of the fields sent (``PromptRow``; the OpenAPI document shows ``PromptsIn``):
-    the registration hot path, about 2.5x less CPU than FastAPI's ``json.loads`` and a
-    validation of ``PromptsIn`` models. Errors are the same 422 as for any other body."""
-    raw = await request.body()
-    try:
-        return schemas.PROMPTS_BODY.validate_json(raw)["prompts"]
-    except ValidationError as e:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_context=False)]
-        raise RequestValidationError(errors) from None
+def _prompt_rows(raw: bytes) -> list[schemas.PromptRow]:
+    """The upsert's prompts validated into dicts of the fields sent (``PromptRow``; the
+    OpenAPI document shows ``PromptsIn``): the registration hot path, about 2.5x less CPU
+    than a validation of ``PromptsIn`` models."""
+    return schemas.PROMPTS_BODY.validate_json(raw)["prompts"]
 
 
-RAW_BODY_MODELS.append(schemas.PromptsIn)
-PromptsBody = Annotated[list[schemas.PromptRow], Depends(prompts_body)]
+PromptsBody = Annotated[list[schemas.PromptRow], Depends(json_body(schemas.PromptsIn, validate=_prompt_rows))]
 
 
 @router.post(
