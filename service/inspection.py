@@ -30,6 +30,7 @@ from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.orm import Session
 
 from .runstate import RunState
+from .scheduling import coverage as cov
 from .scheduling.pool import Observations, PoolState
 from .storage.models import Plan, PlanItem, Prompt, Report, Result, RunStep
 from .storage.repository import load_events
@@ -217,12 +218,11 @@ def domains_now(ctx: RunContext) -> list[dict[str, Any]]:
     return out
 
 
-def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
-    if not steps:
-        return []
-    first, last = steps[0], steps[-1]
-    pj = and_(Prompt.run_pk == ctx.run_pk, Prompt.ordinal == Result.prompt_ordinal)
-    res = s.execute(
+def results_by_step_domain(s: Session, run_pk: int, first: int | None = None, last: int | None = None) -> list[Any]:
+    """The reward log aggregated per (step, domain), steps ``first … last`` (all when None):
+    rows of (step, domain, groups, rollouts, informative rollouts, reward sum)."""
+    pj = and_(Prompt.run_pk == run_pk, Prompt.ordinal == Result.prompt_ordinal)
+    q = (
         select(
             Result.step,
             Prompt.domain,
@@ -233,9 +233,21 @@ def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[
         )
         .select_from(Result)
         .join(Prompt, pj)
-        .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
+        .where(Result.run_pk == run_pk)
         .group_by(Result.step, Prompt.domain)
-    ).all()
+    )
+    if first is not None:
+        q = q.where(Result.step >= first)
+    if last is not None:
+        q = q.where(Result.step <= last)
+    return list(s.execute(q).all())
+
+
+def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
+    if not steps:
+        return []
+    first, last = steps[0], steps[-1]
+    res = results_by_step_domain(s, ctx.run_pk, first, last)
     planned = s.execute(
         select(
             Plan.step, Prompt.domain, func.count(), func.sum(PlanItem.rollouts), Plan.batch_size, Plan.rollout_budget
@@ -287,6 +299,72 @@ def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[
         }
         for st in steps
     ]
+
+
+# -- coverage and re-use ------------------------------------------------------------------
+COVERAGE_WINDOWS = 10
+
+
+def coverage(s: Session, ctx: RunContext) -> dict[str, Any]:
+    """Coverage and re-use of the run's rollouts (``scheduling.coverage`` over the pool's
+    per-prompt rollouts) and the domains' share of the reported groups in
+    ``COVERAGE_WINDOWS`` equal windows of the reported steps (first to latest), from the
+    per-(step, domain) aggregate of the log that ``domains_by_step`` reads. Domains without
+    prompts are left out; ``picks_by_window``'s columns follow ``domains``."""
+    names = domain_names(ctx)
+    k = len(names)
+    with ctx.read() as pool:  # copies: the statistics need not hold the state's lock
+        rollouts, domain = pool.rollouts.copy(), pool.domain.copy()
+    c = cov.coverage(rollouts, domain, k)
+    rows = results_by_step_domain(s, ctx.run_pk)
+    codes = {name: i for i, name in enumerate(names)}  # those of `names` (a domain may come since)
+    known = [r for r in rows if r[1] in codes]  # a row per (step, domain), not per prompt
+    step = np.fromiter((r[0] for r in known), np.int64, len(known))
+    dom = np.fromiter((codes[r[1]] for r in known), np.int64, len(known))
+    groups = np.fromiter((r[2] for r in known), np.float64, len(known))
+    keep = [i for i in range(k) if c["domains"][i]["prompts"] > 0]
+    order = sorted(keep, key=lambda i: (names[i] is None, names[i] or ""))
+    windows: list[dict[str, Any]] = []
+    picks: list[list[float]] = []
+    unvisited: list[float | None] = [None] * k
+    if step.size:
+        first, total = int(step.min()), int(step.max() - step.min()) + 1
+        rel, bins = step - first, COVERAGE_WINDOWS
+        shares = cov.picks_over_time(rel, dom, k, total, bins, weights=groups)
+        per_window = np.bincount(cov.window_index(rel, total, bins), weights=groups, minlength=bins)
+        unvisited = list(cov.unvisited_share(rel, dom, k, total))
+        picks = [[row[i] for i in order] for row in shares]
+        for b in range(bins):
+            lo, hi = -(-b * total // bins), -(-(b + 1) * total // bins) - 1  # steps with window b
+            windows.append(
+                {
+                    "step_from": first + lo if lo <= hi else None,
+                    "step_to": first + hi if lo <= hi else None,
+                    "groups": int(per_window[b]),
+                }
+            )
+    return {
+        "prompts": c["prompts"],
+        "rollouts": int(c["rollouts"]),
+        "seen": c["seen"],
+        "seen_share": c["seen_share"],
+        "top10_share": c["top10_share"],
+        "median_per_seen": c["median_per_seen"],
+        "max_per_seen": c["max_per_seen"],
+        "domains": [
+            {
+                "domain": names[i],
+                "prompts": c["domains"][i]["prompts"],
+                "seen_share": c["domains"][i]["seen_share"],
+                "rollouts": int(c["domains"][i]["rollouts"]),
+                "rollout_share": c["domains"][i]["rollout_share"],
+                "unvisited_share": unvisited[i],
+            }
+            for i in order
+        ],
+        "windows": windows,
+        "picks_by_window": picks,
+    }
 
 
 # -- the pool over time: the fold, with a snapshot after each step -------------------------

@@ -303,7 +303,7 @@ def test_export_ndjson_and_csv(client):
 
 
 def test_inspection_errors_and_empty_run(client):
-    for path in ("timeline", "pass-rate-histogram", "domains", "export", "prompt-history/x"):
+    for path in ("timeline", "pass-rate-histogram", "domains", "coverage", "export", "prompt-history/x"):
         assert_problem(client.get(f"/v1/runs/ghost/{path}"), 404, "ghost")
     client.put("/v1/runs/empty", json={})
     assert client.get("/v1/runs/empty/timeline").json() == {"items": [], "next_cursor": None}
@@ -322,6 +322,7 @@ def test_openapi_documents_inspection(client):
         ("/v1/runs/{run_id}/timeline", "TimelinePage"),
         ("/v1/runs/{run_id}/pass-rate-histogram", "HistogramPage"),
         ("/v1/runs/{run_id}/domains", "DomainsPage"),
+        ("/v1/runs/{run_id}/coverage", "Coverage"),
         ("/v1/runs/{run_id}/prompt-history/{prompt_id}", "PromptTrace"),
     ]:
         ok = paths[p]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
@@ -420,7 +421,7 @@ def test_inspection_needs_the_key_and_ui_is_served(make_client):
     c = make_client(api_keys=key)
     auth = {"Authorization": f"Bearer {key}"}
     assert c.put("/v1/runs/r", json={}, headers=auth).status_code == 201
-    for path in ("timeline", "pass-rate-histogram", "domains", "export", "prompt-history/x"):
+    for path in ("timeline", "pass-rate-histogram", "domains", "coverage", "export", "prompt-history/x"):
         assert_problem(c.get(f"/v1/runs/r/{path}"), 401)
     assert c.get("/v1/runs/r/timeline", headers=auth).status_code == 200
     # The dashboard's pages and assets hold no data: served without a key; the pages

@@ -1,8 +1,8 @@
 """The inspection API: read-only views of a run's curriculum over time.
 
 Paths under ``/v1/runs/{run_id}/``: ``timeline``, ``pass-rate-histogram``,
-``domains``, ``prompt-history/{prompt_id}``, ``export``. Per-step lists page by
-step with ``?limit=`` and ``?cursor=`` like every other list. Everything is an
+``domains``, ``coverage``, ``prompt-history/{prompt_id}``, ``export``. Per-step lists
+page by step with ``?limit=`` and ``?cursor=`` like every other list. Everything is an
 SQL aggregate or numpy over the pool (``service/inspection.py``).
 """
 
@@ -130,6 +130,46 @@ class DomainsPage(schemas.Page):
     items: list[DomainsAtStep]
 
 
+class CoverageDomain(BaseModel):
+    domain: str | None = Field(description="The domain (null: prompts without one).")
+    prompts: int
+    seen_share: float = Field(description="Share of the domain's prompts rolled out at least once.")
+    rollouts: int
+    rollout_share: float = Field(description="The domain's share of all the run's rollouts.")
+    unvisited_share: float | None = Field(
+        description="The longest run of consecutive reported steps (first to latest) without a group of the "
+        "domain, as a share of those steps (null before any report)."
+    )
+
+
+class CoverageWindow(BaseModel):
+    step_from: int | None = Field(description="First step of the window (null: the window holds no step).")
+    step_to: int | None = Field(description="Last step of the window.")
+    groups: int = Field(description="Reported groups in the window.")
+
+
+class Coverage(BaseModel):
+    prompts: int = Field(description="Prompts in the pool.")
+    rollouts: int = Field(description="Rollouts reported over the pool.")
+    seen: int = Field(description="Prompts rolled out at least once.")
+    seen_share: float = Field(description="seen / prompts.")
+    top10_share: float = Field(
+        description="Share of all rollouts on the 10% of the pool's prompts with the most rollouts (about 0.1 "
+        "for uniform sampling; far more when a few prompts are re-used over and over)."
+    )
+    median_per_seen: float = Field(description="Median rollouts per prompt over the seen prompts.")
+    max_per_seen: float = Field(description="Most rollouts of one prompt.")
+    domains: list[CoverageDomain] = Field(description="Every domain with prompts (null last).")
+    windows: list[CoverageWindow] = Field(
+        description=f"{insp.COVERAGE_WINDOWS} equal windows of the reported steps, first to latest (empty "
+        "before any report)."
+    )
+    picks_by_window: list[list[float]] = Field(
+        description="Per window, each domain's share of the window's reported groups, in the order of "
+        "`domains` (a row sums to 1 where the window has groups)."
+    )
+
+
 class TraceEntry(BaseModel):
     report_seq: int
     report_id: str
@@ -252,6 +292,16 @@ def domains(run_id: RunIdPath, engine: EngineDep, session: SessionDep, limit: St
         "items": insp.domains_by_step(session, ctx, steps),
         "next_cursor": None if nxt is None else _encode_cursor(nxt),
     }
+
+
+@router.get("/coverage", response_model=Coverage, responses=RESPONSES)
+def coverage(run_id: RunIdPath, engine: EngineDep, session: SessionDep):
+    """Coverage and re-use of the run's rollouts: how concentrated they are on few prompts
+    (share on the top 10%, median / max per seen prompt), the share of the pool seen, per
+    domain (prompts, seen share, rollout share, longest stretch unvisited), and each
+    domain's share of the reported groups in 10 equal windows of the steps so far."""
+    run, ctx = _ctx(engine, session, run_id)
+    return insp.coverage(session, ctx)
 
 
 @router.get("/prompt-history/{prompt_id:path}", response_model=PromptTrace, responses=RESPONSES)
