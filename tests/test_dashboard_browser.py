@@ -241,7 +241,49 @@ def test_run_page_refreshes_while_live(live, browser):
         assert r.status_code == 200
     WebDriverWait(browser, 60).until(lambda d: series(d, "chart-rollouts")["x"] == [0, 1, 2])
     assert series(browser, "chart-rollouts")["series"]["informative"][2] == 64
+    cov = api(server, "/v1/runs/live-run/coverage")
+    seen = f"({cov['seen']:,} of {cov['prompts']:,})"
+    WebDriverWait(browser, 30).until(lambda d: seen in d.find_element(
+        "css selector", '#coverage-cards [data-card="cov-seen"]').text)
+    assert "(24 groups)" in browser.find_element("id", "coverage-note").text  # 3 steps of 8
     assert len(sim.plans) == 2
+    assert_no_console_errors(browser)
+
+
+def test_coverage_panel_shows_the_api_numbers(live, browser):
+    """The run page's coverage panel: the endpoint's headline numbers, its per-domain
+    table and its picks-per-window chart (outside the shared step zoom)."""
+    server, sim = live
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0&steps=2..5")  # zoomed into steps 2–5
+    cov = api(server, f"/v1/runs/{sim.run_id}/coverage")
+    assert cov["rollouts"] > 0 and 0 < cov["seen_share"] <= 1
+    def pct(text):  # "12.3%" as a share (the page rounds to 0.1%)
+        return pytest.approx(float(text.split("%")[0]) / 100, abs=0.0005 + 1e-9)
+
+    cards = {c.get_attribute("data-card"): c.text for c in browser.find_elements("css selector", "#coverage-cards .card")}
+    assert cov["top10_share"] == pct(cards["cov-top10"].split("\n")[-1])
+    assert cov["seen_share"] == pct(cards["cov-seen"].split("\n")[-1])
+    assert f"({cov['seen']:,} of {cov['prompts']:,})" in cards["cov-seen"]
+    for key, name in (("cov-median", "median_per_seen"), ("cov-max", "max_per_seen")):
+        x = cov[name]
+        assert (f"{int(x):,}" if x == int(x) else f"{x:.1f}") in cards[key], (key, cards[key])
+    rows = browser.find_elements("css selector", "#coverage-domains tbody tr")
+    assert [r.get_attribute("data-domain") for r in rows] == [d["domain"] for d in cov["domains"]] == [
+        "code", "logic", "math"]
+    for r, d in zip(rows, cov["domains"]):
+        cells = [td.text for td in r.find_elements("css selector", "td")]
+        assert (cells[1], cells[3]) == (f"{d['prompts']:,}", f"{d['rollouts']:,}"), cells
+        assert (d["seen_share"], d["rollout_share"], d["unvisited_share"]) == (pct(cells[2]), pct(cells[4]), pct(cells[5]))
+    got = series(browser, "chart-coverage")
+    assert got["x"] == list(range(1, 11))  # 20 steps: ten windows of two
+    for k, d in enumerate(cov["domains"]):
+        assert got["series"][d["domain"]] == pytest.approx([row[k] for row in cov["picks_by_window"]])
+    assert browser.find_elements("css selector", "#chart-coverage canvas")
+    # Its x is the window, not steps: the step zoom of the other charts leaves it whole.
+    scale = "const u = document.getElementById(arguments[0]).uplot; return [u.scales.x.min, u.scales.x.max]"
+    assert browser.execute_script(scale, "chart-rollouts") == [2, 5]
+    assert browser.execute_script(scale, "chart-coverage") == [1, 10]
+    assert "steps 0–1" in browser.find_element("id", "coverage-note").text
     assert_no_console_errors(browser)
 
 

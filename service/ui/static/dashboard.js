@@ -65,7 +65,8 @@ const RP = (() => {
 
   /* A uPlot line chart; x: numbers, series: [{label, values, color?, dash?, points?, width?, smooth?}].
    * opts: height, y (y scale options), xLabel, yLabel, log (offer a "log y" toggle), smooth
-   * (false: never smoothed).
+   * (false: never smoothed), shared (false: x is not steps: the chart keeps out of the shared
+   * x range, zoom and linked cursor).
    * One uPlot instance per container, kept across refreshes (setData): the user's x range
    * (zoom: drag across a chart, double-click to reset) is kept, shared by every chart of the
    * page (and the heatmap) and kept in the URL (?steps=a..b); the cursor is linked across
@@ -119,7 +120,7 @@ const RP = (() => {
     if (sameRange(r, view.range)) return;
     view.range = r;
     setParams({ steps: r ? +r[0].toFixed(2) + ".." + +r[1].toFixed(2) : null });
-    for (const [id, ch] of Object.entries(charts)) if (id !== from) applyRange(ch);
+    for (const [id, ch] of Object.entries(charts)) if (id !== from && ch.shared) applyRange(ch);
     for (const f of view.listeners) f(r);
   }
 
@@ -134,7 +135,7 @@ const RP = (() => {
    * double-click reset); it becomes the shared range. */
   function onScale(id, u) {
     const ch = charts[id];
-    if (!ch || ch.plot !== u) return; // still being built
+    if (!ch || ch.plot !== u || !ch.shared) return; // still being built, or not on steps
     const x = u.data[0], sc = u.scales.x;
     if (!x || !x.length || sc.min === null || sc.min === undefined) return;
     const r = [sc.min, sc.max];
@@ -258,13 +259,14 @@ const RP = (() => {
     t.csv.href = csvHref([[xLabel, ...series.map(s => s.label)], ...x.map((v, i) => [v, ...series.map(s => s.values[i])])]);
 
     const data = [x, ...drawn];
+    const shared = opts.shared !== false;
     const shape = series.map(s => s.label).join("|") + (logY ? "|log" : "") + "|" + xLabel;
     const colors = series.map((s, i) => s.color || COLORS[i % COLORS.length]);
     let ch = charts[id];
     if (ch && ch.shape === shape && x.length) {
       Object.assign(ch, { raw: series.map(s => s.values), smoothable, smoothed: smoothable.some(Boolean), colors });
       ch.plot.setData(data);
-      if (view.range) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
+      if (view.range && shared) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
       return;
     }
     if (ch) { ch.ro.disconnect(); ch.plot.destroy(); delete charts[id]; delete box.uplot; }
@@ -278,12 +280,12 @@ const RP = (() => {
     } } : (opts.y || {});
     const pow10 = (v) => v === 0 || Math.abs(Math.abs(v) - 10 ** Math.round(Math.log10(Math.abs(v)))) < 1e-9 * Math.abs(v);
     ch = { shape, height, width: Math.max(200, Math.floor(box.clientWidth)), raw: series.map(s => s.values), smoothable,
-      smoothed: smoothable.some(Boolean), colors };
+      smoothed: smoothable.some(Boolean), colors, shared };
     ch.plot = new uPlot({
       width: ch.width,
       height,
       scales: { x: { time: false }, y: yScale },
-      cursor: { sync: { key: SYNC_KEY, setSeries: false }, drag: { x: true, y: false } },
+      cursor: shared ? { sync: { key: SYNC_KEY, setSeries: false }, drag: { x: true, y: false } } : { drag: { x: false, y: false } },
       // Steps and group numbers are integers: ticks only at whole numbers.
       axes: [{ label: xLabel, labelSize: 18, labelGap: 0, size: 34, gap: 4,
         incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 1e5, 1e6] },
@@ -308,7 +310,7 @@ const RP = (() => {
     }, data, box);
     charts[id] = ch;
     box.uplot = ch.plot; // for tests and the console
-    if (view.range) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
+    if (view.range && shared) ch.plot.setScale("x", { min: view.range[0], max: view.range[1] });
     ch.ro = new ResizeObserver(() => {
       const wNow = Math.max(200, Math.floor(box.clientWidth));
       if (wNow === ch.width) return;
@@ -659,8 +661,9 @@ const RP = (() => {
     more.onclick = () => loadPrompts(true).catch(e => status(e.message, true));
 
     async function refresh() {
-      const [run, tl, hist, dom] = await Promise.all([
+      const [run, tl, hist, dom, cov] = await Promise.all([
         api(base), apiAll(base + "/timeline"), apiAll(base + "/pass-rate-histogram?bins=20"), apiAll(base + "/domains"),
+        api(base + "/coverage"),
       ]);
       const t = tl.items, steps = t.map(s => s.step);
       const sum = (k) => t.reduce((a, s) => a + (s[k] || 0), 0);
@@ -714,6 +717,7 @@ const RP = (() => {
         el("td", {}, d.domain ?? "(none)"), el("td", {}, fmt(d.prompts)), el("td", {}, fmt(d.rollouts)),
         el("td", {}, fmt(d.mean_reward)), el("td", {}, fmt(d.mean_predicted_pass_rate)),
         ...states.map(k => el("td", {}, fmt(d.states[k]))))));
+      showCoverage(cov);
       const known = JSON.stringify(names);
       if (known !== domainsKnown) {
         domainsKnown = known;
@@ -739,6 +743,31 @@ const RP = (() => {
       if (!source || promptsComplete) await loadPrompts(false);
       if (!qualityLoaded) { qualityLoaded = true; fillQualityDomains(names); await loadQuality(); }
       return run.stats;
+    }
+
+    /* The coverage panel: re-use of the rollouts (headline numbers), per domain, and each
+     * domain's share of the reported groups per tenth of the steps so far (x: the window;
+     * empty windows are gaps). */
+    function showCoverage(c) {
+      document.getElementById("coverage-cards").replaceChildren(
+        card("rollouts on the top 10% of prompts", pct(c.top10_share), "cov-top10"),
+        card("median rollouts per seen prompt", fmt(c.median_per_seen, 1), "cov-median"),
+        card("max rollouts per seen prompt", fmt(c.max_per_seen, 1), "cov-max"),
+        card("pool seen", pct(c.seen_share) + " (" + fmt(c.seen) + " of " + fmt(c.prompts) + ")", "cov-seen"));
+      fillTable("coverage-domains", c.domains.map(d => el("tr", { "data-domain": d.domain ?? "" },
+        el("td", {}, d.domain ?? "(none)"), el("td", {}, fmt(d.prompts)), el("td", {}, pct(d.seen_share)),
+        el("td", {}, fmt(d.rollouts)), el("td", {}, pct(d.rollout_share)), el("td", {}, pct(d.unvisited_share)))));
+      const w = c.windows;
+      const withSteps = w.filter(x => x.step_from !== null);
+      document.getElementById("coverage-note").textContent = withSteps.length
+        ? "window 1 = steps " + withSteps[0].step_from + "–" + withSteps[0].step_to + ", window " + w.length + " = steps "
+          + withSteps[withSteps.length - 1].step_from + "–" + withSteps[withSteps.length - 1].step_to
+          + " (" + fmt(w.reduce((a, x) => a + x.groups, 0)) + " groups)"
+        : "no reported groups yet";
+      lineChart("chart-coverage", w.map((_, i) => i + 1), c.domains.map((d, k) => ({
+        label: d.domain === null ? "(none)" : d.domain,
+        values: c.picks_by_window.map((row, i) => w[i].groups ? row[k] : null),
+      })), { y: { range: [0, 1] }, xLabel: "window", yLabel: "share of groups", smooth: false, shared: false });
     }
 
     // -- data quality: loaded once and on "apply" (it reads the whole pool) -----------------
