@@ -126,8 +126,18 @@ class LearnerConfig:
     prefetch: bool = True  # plan step k + 1 while step k trains (False: after step k is reported)
 
     def warmup_key(self, seed: int) -> str:
-        keys = ("width", "d_model", "layers", "heads", "warmup_levels", "gate_level", "gate", "warmup_lr",
-                "warmup_batch", "warmup_max_steps")
+        keys = (
+            "width",
+            "d_model",
+            "layers",
+            "heads",
+            "warmup_levels",
+            "gate_level",
+            "gate",
+            "warmup_lr",
+            "warmup_batch",
+            "warmup_max_steps",
+        )
         blob = json.dumps([seed] + [getattr(self, k) for k in keys])
         return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
 
@@ -182,8 +192,13 @@ def build_problems(rng, levels, width, broken_share, device) -> Problems:
     # A wrong label: one digit of the true sum changed (the answer key is wrong, the prompt is fine).
     where = rng.integers(0, levels + 1)
     label[broken, where[broken]] = (label[broken, where[broken]] + rng.integers(1, 10, broken.sum())) % 10
-    return Problems(torch.as_tensor(prompt_tokens(a, b), device=device), torch.as_tensor(label, device=device),
-                    levels, carries, broken)
+    return Problems(
+        torch.as_tensor(prompt_tokens(a, b), device=device),
+        torch.as_tensor(label, device=device),
+        levels,
+        carries,
+        broken,
+    )
 
 
 # -- the policy -----------------------------------------------------------------------
@@ -236,7 +251,7 @@ class Policy(nn.Module):
     def forward(self, tokens: torch.Tensor, caches: list | None = None, start: int = 0) -> torch.Tensor:
         T = tokens.shape[1]
         x = self.emb(tokens)
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+        cos, sin = self.cos[start : start + T], self.sin[start : start + T]
         for i, blk in enumerate(self.blocks):
             x = blk(x, cos, sin, None if caches is None else caches[i])
         return self.head(self.ln(x))
@@ -244,14 +259,16 @@ class Policy(nn.Module):
     def answer_logprobs(self, prompt: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         """(N, W + 1) log p(answer digit | prompt, answer prefix), by teacher forcing."""
         seq = torch.cat([prompt, DIGIT0 + answer[:, :-1]], dim=1)
-        logits = self(seq)[:, prompt.shape[1] - 1:]
+        logits = self(seq)[:, prompt.shape[1] - 1 :]
         return torch.log_softmax(logits.float(), -1).gather(-1, answer[:, :, None]).squeeze(-1)
 
     @torch.no_grad()
     def pass_rate(self, prompt: torch.Tensor, label: torch.Tensor, chunk: int = 4096) -> np.ndarray:
         """Exact probability that a temperature-1 sample equals the label."""
-        out = [self.answer_logprobs(prompt[i:i + chunk], label[i:i + chunk]).sum(-1).exp()
-               for i in range(0, prompt.shape[0], chunk)]
+        out = [
+            self.answer_logprobs(prompt[i : i + chunk], label[i : i + chunk]).sum(-1).exp()
+            for i in range(0, prompt.shape[0], chunk)
+        ]
         return torch.cat(out).double().cpu().numpy()
 
     @torch.no_grad()
@@ -294,12 +311,18 @@ def warmup(cfg: LearnerConfig, seed: int, device: str, cache_dir: Path, log=prin
             gate_rate = float(model.pass_rate(gate_set.prompt, gate_set.label).mean())
             if gate_rate >= cfg.gate:
                 break
-    state = {"model": {k: v.cpu() for k, v in model.state_dict().items()}, "steps": step, "gate_rate": gate_rate,
-             "seconds": time.perf_counter() - t0}
+    state = {
+        "model": {k: v.cpu() for k, v in model.state_dict().items()},
+        "steps": step,
+        "gate_rate": gate_rate,
+        "seconds": time.perf_counter() - t0,
+    }
     cache_dir.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)
-    log(f"warm-up seed {seed}: {step} supervised steps, level-{cfg.gate_level} pass rate {gate_rate:.3f} "
-        f"({state['seconds']:.0f} s) -> {path}")
+    log(
+        f"warm-up seed {seed}: {step} supervised steps, level-{cfg.gate_level} pass rate {gate_rate:.3f} "
+        f"({state['seconds']:.0f} s) -> {path}"
+    )
     return state
 
 
@@ -321,8 +344,16 @@ class World:
         self.index = {pid: i for i, pid in enumerate(self.ids)}
 
 
-def grpo_update(model: Policy, opt, world: World, idx: np.ndarray, answers: torch.Tensor,
-                rewards: torch.Tensor, group: torch.Tensor, n_groups: int) -> None:
+def grpo_update(
+    model: Policy,
+    opt,
+    world: World,
+    idx: np.ndarray,
+    answers: torch.Tensor,
+    rewards: torch.Tensor,
+    group: torch.Tensor,
+    n_groups: int,
+) -> None:
     """One policy-gradient step: advantages normalised within each prompt's group."""
     ones = torch.ones_like(rewards)
     cnt = torch.zeros(n_groups, device=rewards.device).index_add_(0, group, ones)
@@ -377,16 +408,26 @@ class PluginPlanner:
 
     driver = "plugin"
 
-    def __init__(self, url: str, run_id: str, world: World, settings: dict, prompts: list[dict],
-                 reporters: int, spool_dir: Path) -> None:
+    def __init__(
+        self, url: str, run_id: str, world: World, settings: dict, prompts: list[dict], reporters: int, spool_dir: Path
+    ) -> None:
         from rollplan.plugins.core import PromptIds, RollplanScheduler
 
         ids = PromptIds(world.ids)
         self.scheds = []
         for r in range(reporters):
-            sc = RollplanScheduler(run_id, ids, url=url, **settings, prompts=prompts if r == 0 else None,
-                                   upload=r == 0, reporter=f"rank{r}", spool_dir=spool_dir, timeout=120.0,
-                                   prefetch=False)  # the loop places the prefetch itself
+            sc = RollplanScheduler(
+                run_id,
+                ids,
+                url=url,
+                **settings,
+                prompts=prompts if r == 0 else None,
+                upload=r == 0,
+                reporter=f"rank{r}",
+                spool_dir=spool_dir,
+                timeout=120.0,
+                prefetch=False,
+            )  # the loop places the prefetch itself
             self.scheds.append(sc)
             if not sc.attach():
                 raise RuntimeError(f"rank {r} could not attach to run {run_id!r} at {url}")
@@ -420,8 +461,11 @@ class PluginPlanner:
 
     def close(self, check: bool = True) -> None:
         left = sum(sc.close() for sc in self.scheds)
-        bad = {sc.reporter: sc.stats.as_dict() for sc in self.scheds
-               if sc.stats.fallback_plans or sc.stats.reports_dropped or sc.stats.reports_spooled}
+        bad = {
+            sc.reporter: sc.stats.as_dict()
+            for sc in self.scheds
+            if sc.stats.fallback_plans or sc.stats.reports_dropped or sc.stats.reports_spooled
+        }
         if check and (left or bad):
             raise RuntimeError(f"the schedulers did not deliver everything: {left} reports spooled; {bad}")
 
@@ -439,9 +483,12 @@ class ClientPlanner:
 
     def _fetch(self, step: int, batch: int, budget: int) -> StepPlan:
         plan = self.rp.plan(self.run_id, batch, rollout_budget=budget, step=step)
-        return StepPlan(np.array([self.index[it.prompt_id] for it in plan.items], np.int64),
-                        np.array([it.rollouts for it in plan.items], np.int64),
-                        np.array([it.predicted_pass_rate for it in plan.items], np.float64), plan.plan_id)
+        return StepPlan(
+            np.array([self.index[it.prompt_id] for it in plan.items], np.int64),
+            np.array([it.rollouts for it in plan.items], np.int64),
+            np.array([it.predicted_pass_rate for it in plan.items], np.float64),
+            plan.plan_id,
+        )
 
     def plan(self, step: int, batch: int, budget: int) -> StepPlan:
         got = self.pending.pop(step, None)
@@ -492,8 +539,12 @@ def run_arm(job: dict) -> dict:
     from .speed import server
 
     run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
-    settings = {"strategy": {"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm),
-                "rollouts_per_prompt": n0, "min_rollouts": 1, "max_rollouts": max(64, n0)}
+    settings = {
+        "strategy": {"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm),
+        "rollouts_per_prompt": n0,
+        "min_rollouts": 1,
+        "max_rollouts": max(64, n0),
+    }
     prompts = [{"domain": f"L{lv}", "text": text} for lv, text in zip(world.pool.level, world.texts)]
     with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url:
         if arm == "dapo" or cfg.sync:
@@ -526,6 +577,10 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
     picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
+    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: every drawn group)
+    windows = np.zeros((10, cfg.width + 1))  # groups per level in 10 equal windows of the run
+    last_pick = np.full(cfg.width + 1, -1, np.int64)  # per level: the last step it was picked
+    gap_max = np.zeros(cfg.width + 1, np.int64)  # per level: the longest run of steps without a pick
     # Exact pass rates (teacher forcing, not rollouts) of the prompts each step trained on
     # (DAPO: the kept groups): where the batch sat — too hard (p < 0.02), in reach, or
     # solved (p > 0.98).
@@ -587,8 +642,13 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
                 r = rewards.cpu().numpy()
                 g = group.cpu().numpy()
                 ts = time.perf_counter()
-                rp.report(run_id, f"{run_id}-p{plan_step}", plan_step,
-                          [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)], plan_id=plan.plan_id)
+                rp.report(
+                    run_id,
+                    f"{run_id}-p{plan_step}",
+                    plan_step,
+                    [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)],
+                    plan_id=plan.plan_id,
+                )
                 service_s += time.perf_counter() - ts
                 plan_step += 1
                 k = np.bincount(g, weights=r, minlength=idx.size)
@@ -623,6 +683,11 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         informative += step_inf
         digests.append(step_digest[0] if len(step_digest) == 1 else ",".join(step_digest))
         if idx.size:
+            np.add.at(rolled, idx, counts)
+            lv_picked = np.unique(level[idx])
+            np.add.at(windows, (min(step * 10 // cfg.steps, 9), level[idx]), 1.0)
+            gap_max[lv_picked] = np.maximum(gap_max[lv_picked], step - last_pick[lv_picked] - 1)
+            last_pick[lv_picked] = step
             model.eval()
             tp = exact(idx)
             np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
@@ -655,22 +720,35 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     by_level = {int(lv): float(acc[world.heldout.level == lv].mean()) for lv in np.unique(world.heldout.level)}
     bins = true_p_bins.sum(axis=0)
     n_bins = max(int(bins.sum()), 1)
+    gap_max = np.maximum(gap_max, cfg.steps - last_pick - 1)
     return {
-        "arm": arm, "seed": seed, "rollouts": used, "effective_ratio": informative / max(used, 1),
-        "initial_accuracy": curve[0][2], "final_accuracy": curve[-1][2], "final_accuracy_by_level": by_level,
-        "wall_s": time.perf_counter() - t0, "service_s": service_s, "curve": curve,
+        **sim.coverage_row(rolled, level, windows, gap_max / max(cfg.steps, 1)),
+        "arm": arm,
+        "seed": seed,
+        "rollouts": used,
+        "effective_ratio": informative / max(used, 1),
+        "initial_accuracy": curve[0][2],
+        "final_accuracy": curve[-1][2],
+        "final_accuracy_by_level": by_level,
+        "wall_s": time.perf_counter() - t0,
+        "service_s": service_s,
+        "curve": curve,
         # How the arm talked to the service: the plugin scheduler, the synchronous client, or not at all.
         "driver": planner.driver if planner is not None else ("client" if rp is not None else None),
         "reports": planner.reports if planner is not None else (plan_step if rp is not None else 0),
         # Where the arm spent its batches (DAPO: the kept groups): share per level, on wrong labels, distinct prompts.
-        "batch_share_by_level": {int(lv): float(picks[world.pool.level == lv].sum() / max(picks.sum(), 1))
-                                   for lv in np.unique(world.pool.level)},
+        "batch_share_by_level": {
+            int(lv): float(picks[world.pool.level == lv].sum() / max(picks.sum(), 1))
+            for lv in np.unique(world.pool.level)
+        },
         "batch_share_broken": float(picks[world.pool.broken].sum() / max(picks.sum(), 1)),
         # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
         **own.result(),
         "distinct_prompts_trained": int((picks > 0).sum()),
         "trained_true_pass_rate_share": {
-            who: dict(zip(("below_0.02", "0.02_to_0.98", "above_0.98"), (row / max(true_p_bins.sum(), 1)).round(4).tolist()))
+            who: dict(
+                zip(("below_0.02", "0.02_to_0.98", "above_0.98"), (row / max(true_p_bins.sum(), 1)).round(4).tolist())
+            )
             for who, row in (("first_time", true_p_bins[0]), ("seen_before", true_p_bins[1]))
         },
         "share_groups_true_below_0.02": float(bins[0] / n_bins),
@@ -707,8 +785,13 @@ def _warmup_job(args: tuple) -> dict:
     torch.set_num_threads(threads)
     cfg = LearnerConfig(**cfg_d)
     state = warmup(cfg, seed, device, Path(cache), log=lambda *_: None)
-    return {"seed": seed, "path": str(Path(cache) / f"warmup-seed{seed}-{cfg.warmup_key(seed)}.pt"),
-            "steps": state["steps"], "gate_rate": state["gate_rate"], "seconds": state["seconds"]}
+    return {
+        "seed": seed,
+        "path": str(Path(cache) / f"warmup-seed{seed}-{cfg.warmup_key(seed)}.pt"),
+        "steps": state["steps"],
+        "gate_rate": state["gate_rate"],
+        "seconds": state["seconds"],
+    }
 
 
 def _cfg_dict(cfg: LearnerConfig) -> dict:
@@ -718,8 +801,9 @@ def _cfg_dict(cfg: LearnerConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description="GRPO on a small transformer (multi-digit addition), arms scheduled "
-                                 "by a live Rollplan service.")
+    ap = argparse.ArgumentParser(
+        description="GRPO on a small transformer (multi-digit addition), arms scheduled by a live Rollplan service."
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny: 1 seed, 3 arms, few steps (CI)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=None)
@@ -727,18 +811,39 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--rollouts", type=int, default=None)
     ap.add_argument("--broken", type=float, default=None, help="share of prompts with a wrong label (default 0.05)")
-    ap.add_argument("--reporters", type=int, default=None,
-                    help="data-parallel ranks: each step's groups are reported in this many reports (default 1)")
-    ap.add_argument("--sync", action="store_true", default=None,
-                    help="drive the strategy arms through the synchronous client instead of the plugin scheduler "
-                    "(same order of calls, same plans)")
-    ap.add_argument("--no-prefetch", dest="prefetch", action="store_false", default=None,
-                    help="plan step k only once step k-1 is reported (no lookahead)")
-    ap.add_argument("--target", default="auto", help="held-out exact accuracy to reach, or 'auto': 75%% of the "
-                    "way from the warm-up's accuracy to the worst final accuracy of uniform over seeds")
+    ap.add_argument(
+        "--reporters",
+        type=int,
+        default=None,
+        help="data-parallel ranks: each step's groups are reported in this many reports (default 1)",
+    )
+    ap.add_argument(
+        "--sync",
+        action="store_true",
+        default=None,
+        help="drive the strategy arms through the synchronous client instead of the plugin scheduler "
+        "(same order of calls, same plans)",
+    )
+    ap.add_argument(
+        "--no-prefetch",
+        dest="prefetch",
+        action="store_false",
+        default=None,
+        help="plan step k only once step k-1 is reported (no lookahead)",
+    )
+    ap.add_argument(
+        "--target",
+        default="auto",
+        help="held-out exact accuracy to reach, or 'auto': 75%% of the "
+        "way from the warm-up's accuracy to the worst final accuracy of uniform over seeds",
+    )
     ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle")
-    ap.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2))),
-                    help="parallel processes, one (arm, seed) each")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(16, (os.cpu_count() or 2))),
+        help="parallel processes, one (arm, seed) each",
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", default="benchmarks/out/learner")
     args = ap.parse_args(argv)
@@ -747,8 +852,11 @@ def main(argv: list[str] | None = None) -> dict:
         cfg = replace(cfg, prompts=500, heldout=256, steps=50, eval_every=5)
         args.seeds = 1
         args.arms = args.arms or "uniform,default,oracle"
-    over = {k: getattr(args, k) for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync",
-                                          "prefetch") if getattr(args, k) is not None}
+    over = {
+        k: getattr(args, k)
+        for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync", "prefetch")
+        if getattr(args, k) is not None
+    }
     cfg = replace(cfg, **over)
     if cfg.reporters < 1 or cfg.reporters > cfg.batch:
         ap.error(f"--reporters must be between 1 and the batch size ({cfg.batch})")
@@ -774,34 +882,64 @@ def main(argv: list[str] | None = None) -> dict:
     warm = {}
     for w in pmap(_warmup_job, [(_cfg_dict(cfg), s, args.device, str(out), threads) for s in seeds]):
         warm[w["seed"]] = w
-        print(f"warm-up seed {w['seed']}: {w['steps']} steps, level-{cfg.gate_level} pass rate "
-              f"{w['gate_rate']:.3f}", flush=True)
-    jobs = [{"cfg": _cfg_dict(cfg), "arm": a, "seed": s, "device": args.device, "threads": threads,
-             "warmup_path": warm[s]["path"]} for s in seeds for a in arms]
+        print(
+            f"warm-up seed {w['seed']}: {w['steps']} steps, level-{cfg.gate_level} pass rate {w['gate_rate']:.3f}",
+            flush=True,
+        )
+    jobs = [
+        {
+            "cfg": _cfg_dict(cfg),
+            "arm": a,
+            "seed": s,
+            "device": args.device,
+            "threads": threads,
+            "warmup_path": warm[s]["path"],
+        }
+        for s in seeds
+        for a in arms
+    ]
     jobs.sort(key=lambda j: j["arm"] not in ("dapo", *ORACLE_ARMS))  # the longest first, so none starts last
     rows = []
     for r in pmap(run_arm, jobs):
         rows.append(r)
-        print(f"seed {r['seed']} {r['arm']:18s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
-              f"eff {r['effective_ratio']:.3f} rollouts {r['rollouts']:,} ({r['wall_s']:.0f} s, "
-              f"service {r['service_s']:.0f} s)", flush=True)
+        print(
+            f"seed {r['seed']} {r['arm']:18s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
+            f"eff {r['effective_ratio']:.3f} rollouts {r['rollouts']:,} ({r['wall_s']:.0f} s, "
+            f"service {r['service_s']:.0f} s)",
+            flush=True,
+        )
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
     target = _target(args.target, rows)
     for r in rows:
         r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
+    sim.budget_metrics(rows)
     summary = sim.summarise(rows, arms)
     args.target, args.prompts, args.steps, args.batch = target, cfg.prompts, cfg.steps, cfg.batch
     args.broken, args.reporters, args.sync, args.prefetch = cfg.broken, cfg.reporters, cfg.sync, cfg.prefetch
-    sim.print_table(summary, args, title=f"learner (GRPO, {cfg.layers}-layer d={cfg.d_model} transformer, "
-                    f"addition up to {cfg.width} digits, {cfg.rollouts} rollouts/prompt, {cfg.broken:.0%} wrong labels, "
-                    f"{'synchronous client' if cfg.sync else 'plugin scheduler'}, "
-                    f"{'prefetch' if cfg.prefetch else 'no prefetch'}, {cfg.reporters} reporter(s), "
-                    f"device {args.device})")
+    sim.print_table(
+        summary,
+        args,
+        title=f"learner (GRPO, {cfg.layers}-layer d={cfg.d_model} transformer, "
+        f"addition up to {cfg.width} digits, {cfg.rollouts} rollouts/prompt, {cfg.broken:.0%} wrong labels, "
+        f"{'synchronous client' if cfg.sync else 'plugin scheduler'}, "
+        f"{'prefetch' if cfg.prefetch else 'no prefetch'}, {cfg.reporters} reporter(s), "
+        f"device {args.device})",
+    )
     result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": args.device,
-                    "workers": workers, "threads_per_worker": threads},
-        "config": asdict(cfg), "args": vars(args), "target": target, "warmup": [warm[s] for s in seeds],
-        "wall_s": time.perf_counter() - t_all, "summary": summary, "runs": rows,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "device": args.device,
+            "workers": workers,
+            "threads_per_worker": threads,
+        },
+        "config": asdict(cfg),
+        "args": vars(args),
+        "target": target,
+        "warmup": [warm[s] for s in seeds],
+        "wall_s": time.perf_counter() - t_all,
+        "summary": summary,
+        "runs": rows,
     }
     (out / "learner.json").write_text(json.dumps(result, indent=1))
     sim._plot(rows, arms, out / "learner_accuracy.png")
@@ -823,6 +961,7 @@ def _plot_effective(rows: list[dict], arms: list[str], path: Path) -> None:
             w = max(1, e.size // 40)
             ax.plot(np.convolve(e, np.ones(w) / w, mode="valid"), label=arm)
         ax.set_ylim(0, 1.02)
+
 
 if __name__ == "__main__":
     main()

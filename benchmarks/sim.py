@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..service.scheduling import coverage as cov
 from ..service.scheduling import strategies as strat
 from ..service.scheduling.pool import Observations, PoolState
 
@@ -49,6 +50,10 @@ class SimConfig:
     gamma: float = 1.6  # slope of the pass-rate sigmoid
     lr: float = 0.002  # skill gain per unit of GRPO signal per prompt slot
     memo_lr: float = 0.6  # per-prompt memorisation gain (0: trained prompts get no easier than their domain)
+    # How much a memorised pass teaches: the frontier weight of a group is taken at the prompt's
+    # difficulty less this share of its memorisation (1: a memorised prompt at p ≈ ½ teaches like a
+    # fresh one at its level's frontier; 0: recall teaches nothing beyond the prompt's own difficulty).
+    memo_teaches: float = 1.0
     transfer: float = 0.25
     forget: float = 0.0005
     broken: float = 0.05  # share of prompts that never pass (wrong labels)
@@ -106,7 +111,8 @@ class Learner:
         signal = n * 2.0 * np.sqrt(ph * (1.0 - ph)) / cfg.rollouts  # summed |A|, in units of one full group
         # The update teaches most where the prompt sits at the skill's frontier.
         d = self.domain[idx]
-        frontier = np.exp(-0.5 * ((self.difficulty[idx] - self.skill[d] - self.memo[idx]) / 1.5) ** 2)
+        reach = self.difficulty[idx] - self.skill[d] - cfg.memo_teaches * self.memo[idx]
+        frontier = np.exp(-0.5 * (reach / 1.5) ** 2)
         gain = np.bincount(d, weights=signal * frontier, minlength=cfg.domains) * cfg.lr * 32 / batch_slots
         self.skill += gain + cfg.transfer * (gain.sum() - gain) / max(cfg.domains - 1, 1)
         self.skill -= cfg.forget * (self.skill - 1.0)
@@ -116,8 +122,13 @@ class Learner:
 def _observations(idx, n, k, step) -> Observations:
     p = k / n
     return Observations(
-        ordinals=idx.astype(np.int64), n=n.astype(np.int64), successes=k, step=np.full(idx.size, step, np.int64),
-        informative=(k > 0) & (k < n), abs_adv=2 * np.sqrt(p * (1 - p)), staleness=np.zeros(idx.size, np.int64),
+        ordinals=idx.astype(np.int64),
+        n=n.astype(np.int64),
+        successes=k,
+        step=np.full(idx.size, step, np.int64),
+        informative=(k > 0) & (k < n),
+        abs_adv=2 * np.sqrt(p * (1 - p)),
+        staleness=np.zeros(idx.size, np.int64),
     )
 
 
@@ -153,8 +164,9 @@ class Calibration:
         self.groups = 0
         self.has_predictions = False
 
-    def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray,
-            predicted: np.ndarray | None = None) -> None:
+    def add(
+        self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray, predicted: np.ndarray | None = None
+    ) -> None:
         if idx.size == 0:
             return
         obs = k / n
@@ -178,9 +190,11 @@ class Calibration:
 
     def result(self) -> dict:
         g = max(self.groups, 1)
-        return {"brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
-                "brier_beta": float(self.sq[1] / g) if self.groups else None,
-                "brier_domain": float(self.sq[2] / g) if self.groups else None}
+        return {
+            "brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
+            "brier_beta": float(self.sq[1] / g) if self.groups else None,
+            "brier_domain": float(self.sq[2] / g) if self.groups else None,
+        }
 
 
 class OwnEvidence:
@@ -211,6 +225,61 @@ class OwnEvidence:
             # picks of prompts with ≥ 3 all-pass groups in a row / uniform's expectation.
             "solved_pick_rate": float(s[2] / s[3]) if s[3] else None,
         }
+
+
+def coverage_row(rolled: np.ndarray, domain: np.ndarray, windows: np.ndarray, unvisited: np.ndarray) -> dict:
+    """A run's coverage and re-use diagnostics (``service.scheduling.coverage``: the same
+    definitions as ``GET /v1/runs/{run}/coverage``): the share of rollouts on the top 10% of
+    the pool, median and max rollouts per seen prompt, the share of the pool seen, per
+    domain its seen share and rollout share, the picks per domain in 10 windows of the run,
+    and per domain the longest stretch of the run (share of its steps) with no pick."""
+    c = cov.coverage(rolled, domain, windows.shape[1])
+    tot = windows.sum(axis=1, keepdims=True)
+    return {
+        "top10_share": c["top10_share"],
+        "median_per_seen": c["median_per_seen"],
+        "max_per_seen": c["max_per_seen"],
+        "seen_share": c["seen_share"],
+        "seen_share_by_domain": [round(x["seen_share"], 4) for x in c["domains"]],
+        "rollout_share_by_domain": [round(x["rollout_share"], 4) for x in c["domains"]],
+        "picks_by_window": (windows / np.where(tot > 0, tot, 1.0)).round(4).tolist(),
+        "unvisited_share_by_domain": [
+            round(float(u), 4) if x["prompts"] else None for u, x in zip(unvisited, c["domains"])
+        ],
+    }
+
+
+CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
+
+
+def accuracy_at(curve: list, rollouts: float) -> float:
+    """Held-out accuracy at ``rollouts``: the curve interpolated linearly in rollouts
+    between evaluations (held at its last value past the end)."""
+    c = np.asarray(curve, np.float64)
+    return float(np.interp(rollouts, c[:, 1], c[:, 2]))
+
+
+def curve_area(curve: list, budget: float) -> float:
+    """The area under the held-out curve against rollouts over [0, budget], divided by the
+    budget: the mean held-out accuracy over the run's rollouts (a run that stops early is
+    held at its last value)."""
+    c = np.asarray(curve, np.float64)
+    x = np.r_[c[:, 1][c[:, 1] < budget], budget]
+    y = np.interp(x, c[:, 1], c[:, 2])
+    if x[0] > 0:
+        x, y = np.r_[0.0, x], np.r_[c[0, 2], y]
+    return float(np.trapezoid(y, x) / budget) if budget > 0 else float(c[0, 2])
+
+
+def budget_metrics(rows: list[dict]) -> None:
+    """Adds to every run its held-out accuracy at 25/50/75/100% of the budget and its curve
+    area (``acc_at``, ``area``). The budget of a seed is uniform's rollouts on it (every
+    arm spends the same per step; DAPO's extra draws count against it)."""
+    budget = {r["seed"]: r["rollouts"] for r in rows if r["arm"] == "uniform"}
+    for r in rows:
+        b = budget.get(r["seed"], r["rollouts"])
+        r["acc_at"] = [accuracy_at(r["curve"], f * b) for f in CHECKPOINTS]
+        r["area"] = curve_area(r["curve"], b)
 
 
 def auto_target(rows: list[dict], digits: int = 4) -> float:
@@ -252,6 +321,10 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     # Where the trained groups sat: exact pass rate < 0.02, in between, > 0.98; broken; trivial.
     where = np.zeros(5)
     groups_total = 0
+    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: the kept groups)
+    windows = np.zeros((10, cfg.domains))  # groups per domain in 10 equal windows of the run
+    last_pick = np.full(cfg.domains, -1, np.int64)
+    gap_max = np.zeros(cfg.domains, np.int64)  # per domain: the longest run of steps without a pick
     curve = []
     reached = None
     t0 = time.perf_counter()
@@ -304,6 +377,12 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             where[4] += learner.trivial[idx].sum()
             groups_total += idx.size
             calib.add(idx, n, k, learner.domain, predicted)
+            np.add.at(rolled, idx, n.astype(np.int64))
+            dom = learner.domain[idx]
+            np.add.at(windows, (min(step * 10 // cfg.steps, 9), dom), 1.0)
+            picked = np.unique(dom)
+            gap_max[picked] = np.maximum(gap_max[picked], step - last_pick[picked] - 1)
+            last_pick[picked] = step
         if strategy is not None:
             pool.observe(_observations(idx, n, k, step))
         learner.train(idx, n, k, B)
@@ -313,14 +392,23 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             if reached is None and acc >= target:
                 reached = used
     share = where / max(groups_total, 1)
+    gap_max = np.maximum(gap_max, cfg.steps - last_pick - 1)
     return {
-        "arm": arm, "seed": cfg.seed, "rollouts_to_target": reached, "rollouts": used,
-        "effective_ratio": informative / max(used, 1), "final_accuracy": curve[-1][2],
-        "share_groups_true_below_0.02": float(share[0]), "share_groups_true_above_0.98": float(share[2]),
-        "batch_share_broken": float(share[3]), "batch_share_trivial": float(share[4]),
+        **coverage_row(rolled, learner.domain, windows, gap_max / max(cfg.steps, 1)),
+        "arm": arm,
+        "seed": cfg.seed,
+        "rollouts_to_target": reached,
+        "rollouts": used,
+        "effective_ratio": informative / max(used, 1),
+        "final_accuracy": curve[-1][2],
+        "share_groups_true_below_0.02": float(share[0]),
+        "share_groups_true_above_0.98": float(share[2]),
+        "batch_share_broken": float(share[3]),
+        "batch_share_trivial": float(share[4]),
         **own.result(),
         **calib.result(),
-        "wall_s": time.perf_counter() - t0, "curve": curve,
+        "wall_s": time.perf_counter() - t0,
+        "curve": curve,
     }
 
 
@@ -330,16 +418,30 @@ def add_world_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--broken", type=float, default=d.broken, help="share of prompts that never pass")
     ap.add_argument("--trivial", type=float, default=d.trivial, help="share of prompts that always pass")
     ap.add_argument("--memo-lr", type=float, default=d.memo_lr, help="memorisation of trained prompts (0: off)")
-    ap.add_argument("--spread", choices=("gamma", "normal", "lognormal"), default=d.spread,
-                    help="difficulty inside a domain")
-    ap.add_argument("--domain-offsets", type=float, default=d.domain_offsets,
-                    help="range of the domains' mean difficulties (0: domains uncorrelated with difficulty)")
+    ap.add_argument(
+        "--spread", choices=("gamma", "normal", "lognormal"), default=d.spread, help="difficulty inside a domain"
+    )
+    ap.add_argument(
+        "--domain-offsets",
+        type=float,
+        default=d.domain_offsets,
+        help="range of the domains' mean difficulties (0: domains uncorrelated with difficulty)",
+    )
 
 
 def world_config(args, seed: int) -> SimConfig:
-    return SimConfig(prompts=args.prompts, steps=args.steps, batch=args.batch, seed=seed, domains=args.domains,
-                     broken=args.broken, trivial=args.trivial, memo_lr=args.memo_lr, spread=args.spread,
-                     domain_offsets=args.domain_offsets)
+    return SimConfig(
+        prompts=args.prompts,
+        steps=args.steps,
+        batch=args.batch,
+        seed=seed,
+        domains=args.domains,
+        broken=args.broken,
+        trivial=args.trivial,
+        memo_lr=args.memo_lr,
+        spread=args.spread,
+        domain_offsets=args.domain_offsets,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -350,7 +452,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--target", type=float, default=0.6, help="held-out accuracy to reach")
-    ap.add_argument("--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle + first_sight_oracle")
+    ap.add_argument(
+        "--arms", default=None, help="comma-separated; default: every strategy + dapo + oracle + first_sight_oracle"
+    )
     ap.add_argument("--out", default="benchmarks/out/sim")
     add_world_args(ap)
     args = ap.parse_args(argv)
@@ -365,20 +469,38 @@ def main(argv: list[str] | None = None) -> dict:
         for arm in arms:
             r = run_arm(arm, cfg, args.target, eval_every=max(1, args.steps // 100))
             rows.append(r)
-            print(f"seed {seed} {arm:14s} to-target {r['rollouts_to_target']!s:>10} eff {r['effective_ratio']:.3f} "
-                  f"final acc {r['final_accuracy']:.3f} ({r['wall_s']:.1f} s)", flush=True)
+            print(
+                f"seed {seed} {arm:14s} to-target {r['rollouts_to_target']!s:>10} eff {r['effective_ratio']:.3f} "
+                f"final acc {r['final_accuracy']:.3f} ({r['wall_s']:.1f} s)",
+                flush=True,
+            )
+    budget_metrics(rows)
     summary = summarise(rows, arms)
     print_table(summary, args)
-    result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args),
-              "summary": summary, "runs": rows}
+    print_budget_table(summary)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "args": vars(args),
+        "summary": summary,
+        "runs": rows,
+    }
     (out / "sim.json").write_text(json.dumps(result, indent=1))
     _plot(rows, arms, out / "sim_accuracy.png")
     print(f"wrote {out / 'sim.json'}")
     return result
 
 
-DIAGNOSTICS = ("share_groups_true_below_0.02", "share_groups_true_above_0.98", "batch_share_broken",
-               "batch_share_trivial", "stuck_pick_rate", "solved_pick_rate", "brier", "brier_beta", "brier_domain")
+DIAGNOSTICS = (
+    "share_groups_true_below_0.02",
+    "share_groups_true_above_0.98",
+    "batch_share_broken",
+    "batch_share_trivial",
+    "stuck_pick_rate",
+    "solved_pick_rate",
+    "brier",
+    "brier_beta",
+    "brier_domain",
+)
 
 
 def oracle_gain_share(uniform: float, arm: float, oracle: float) -> float | None:
@@ -421,10 +543,12 @@ def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
                 if g is not None:
                     gains.append(g)
         row = {
-            "arm": arm, "reached": f"{len(ok)}/{len(rt)}",
+            "arm": arm,
+            "reached": f"{len(ok)}/{len(rt)}",
             "rollouts_to_target_mean": float(np.mean(ok)) if ok else None,
             "rollouts_to_target_std": float(np.std(ok)) if len(ok) > 1 else 0.0,
-            "speedup_vs_uniform": ratio("uniform"), "speedup_vs_dapo": ratio("dapo"),
+            "speedup_vs_uniform": ratio("uniform"),
+            "speedup_vs_dapo": ratio("dapo"),
             "speedup_vs_oracle": ratio("oracle"),
             "oracle_gain_share": float(np.mean(gains)) if gains else None,
             "oracle_gain_share_min": float(np.min(gains)) if gains else None,
@@ -437,17 +561,61 @@ def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
             vals = [by[(arm, s)].get(key) for s in seeds if (arm, s) in by]
             vals = [v for v in vals if v is not None]
             row[key] = float(np.mean(vals)) if vals else None
+        row.update(_budget_summary(by, arm, seeds))
         out.append(row)
+    return out
+
+
+def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
+    """Budget-wide figures of an arm, paired per seed: held-out accuracy at each checkpoint
+    and its gain over uniform there (the worst of them: never below uniform at any budget),
+    the area under the curve and its share of the oracle's area gain over uniform,
+    (area − uniform's) / (oracle's − uniform's); and the coverage diagnostics' means."""
+    mine = [s for s in seeds if (arm, s) in by and "acc_at" in by[(arm, s)]]
+    if not mine:
+        return {}
+    acc = np.array([by[(arm, s)]["acc_at"] for s in mine])
+    out: dict = {
+        "acc_at": acc.mean(axis=0).round(4).tolist(),
+        "area": float(np.mean([by[(arm, s)]["area"] for s in mine])),
+    }
+    paired = [s for s in mine if ("uniform", s) in by]
+    if paired:
+        gain = np.array([np.subtract(by[(arm, s)]["acc_at"], by[("uniform", s)]["acc_at"]) for s in paired])
+        out["gain_vs_uniform_at"] = gain.mean(axis=0).round(4).tolist()
+        out["worst_checkpoint_gain"] = float(gain.mean(axis=0).min())
+    shares = []
+    for s in paired:
+        if ("oracle", s) in by:
+            u, o, a = by[("uniform", s)]["area"], by[("oracle", s)]["area"], by[(arm, s)]["area"]
+            if o - u > 1e-9:
+                shares.append((a - u) / (o - u))
+    out["area_gain_share"] = float(np.mean(shares)) if shares else None
+    for key in ("top10_share", "median_per_seen", "max_per_seen", "seen_share"):
+        vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
+        out[key] = float(np.mean(vals)) if vals else None
+    for key in ("unvisited_share_by_domain", "seen_share_by_domain", "rollout_share_by_domain"):
+        vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
+        if vals:
+            m = np.nanmean(np.array(vals, dtype=np.float64), axis=0)  # None (an empty domain) -> NaN
+            out[key] = [None if not np.isfinite(x) else round(float(x), 4) for x in m]
+    win = [by[(arm, s)]["picks_by_window"] for s in mine if "picks_by_window" in by[(arm, s)]]
+    if win:
+        out["picks_by_window"] = np.mean(win, axis=0).round(4).tolist()
     return out
 
 
 def print_table(summary: list[dict], args, title: str = "simulator") -> None:
     """The markdown table of ``summarise``; × columns are paired per seed (base ÷ arm, > 1 = fewer rollouts)."""
-    print(f"\n{title}: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, {args.seeds} seeds, "
-          f"target held-out accuracy {args.target}")
-    print("| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | share of oracle gain "
-          "| effective ratio | groups p<0.02 | wrong labels | groups p>0.98 | stuck / solved picks vs uniform "
-          "| Brier (Beta, domain) | final acc |")
+    print(
+        f"\n{title}: {args.prompts:,} prompts, {args.steps} steps, batch {args.batch}, {args.seeds} seeds, "
+        f"target held-out accuracy {args.target}"
+    )
+    print(
+        "| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | share of oracle gain "
+        "| effective ratio | groups p<0.02 | wrong labels | groups p>0.98 | stuck / solved picks vs uniform "
+        "| Brier (Beta, domain) | final acc |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     for s in summary:
@@ -456,11 +624,39 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
         g = s.get("oracle_gain_share")
         gt = "—" if g is None else f"{g:.2f} ({s['oracle_gain_share_min']:.2f}–{s['oracle_gain_share_max']:.2f})"
         bt = f"{f(s.get('brier'), 3)} ({f(s.get('brier_beta'), 3)}, {f(s.get('brier_domain'), 3)})"
-        print(f"| {s['arm']} | {s['reached']} | {mt} | {f(s['speedup_vs_uniform'])} | {f(s['speedup_vs_dapo'])} | "
-              f"{gt} | {s['effective_ratio']:.3f} | {f(s.get('share_groups_true_below_0.02'), 3)} | "
-              f"{f(s.get('batch_share_broken'), 3)} | {f(s.get('share_groups_true_above_0.98'), 3)} | "
-              f"{f(s.get('stuck_pick_rate'))} / {f(s.get('solved_pick_rate'))} | {bt} | "
-              f"{s['final_accuracy']:.3f} |")
+        print(
+            f"| {s['arm']} | {s['reached']} | {mt} | {f(s['speedup_vs_uniform'])} | {f(s['speedup_vs_dapo'])} | "
+            f"{gt} | {s['effective_ratio']:.3f} | {f(s.get('share_groups_true_below_0.02'), 3)} | "
+            f"{f(s.get('batch_share_broken'), 3)} | {f(s.get('share_groups_true_above_0.98'), 3)} | "
+            f"{f(s.get('stuck_pick_rate'))} / {f(s.get('solved_pick_rate'))} | {bt} | "
+            f"{s['final_accuracy']:.3f} |"
+        )
+
+
+def print_budget_table(summary: list[dict], title: str = "") -> None:
+    """The budget-wide and coverage table of ``summarise``: held-out accuracy at 25/50/75/100%
+    of the budget (and the worst paired gain over uniform among them), the curve area and its
+    share of the oracle's area gain, rollouts on the top 10% of the pool, rollouts per seen
+    prompt (median / max), the share of the pool seen, and the longest stretch of the run a
+    domain went unpicked (the worst domain)."""
+    f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
+    print(f"\n{title} — the whole run: accuracy at 25/50/75/100% of the budget, area, coverage")
+    print(
+        "| arm | acc @25/50/75/100% | worst gain vs uniform | area | share of oracle's area gain "
+        "| top-10% share | per seen prompt (median / max) | pool seen | longest unpicked (worst domain) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s in summary:
+        if "acc_at" not in s:
+            continue
+        accs = " / ".join(f"{a:.3f}" for a in s["acc_at"])
+        worst_unv = max((u for u in s.get("unvisited_share_by_domain") or [] if u is not None), default=None)
+        print(
+            f"| {s['arm']} | {accs} | {f(s.get('worst_checkpoint_gain'), 3)} | {f(s.get('area'), 3)} | "
+            f"{f(s.get('area_gain_share'))} | {f(s.get('top10_share'))} | "
+            f"{f(s.get('median_per_seen'), 0)} / {f(s.get('max_per_seen'), 0)} | {f(s.get('seen_share'))} | "
+            f"{f(worst_unv)} |"
+        )
 
 
 def pyplot():
@@ -505,6 +701,7 @@ def _plot(rows: list[dict], arms: list[str], path: Path) -> None:
             curves = [np.array(r["curve"], dtype=float) for r in rows if r["arm"] == arm]
             # Mean over seeds at each evaluation; an arm's rollouts per step can vary by seed (DAPO), so x is averaged too.
             ax.plot(np.mean([c[:, 1] for c in curves], axis=0), np.mean([c[:, 2] for c in curves], axis=0), label=arm)
+
 
 if __name__ == "__main__":
     main()

@@ -50,23 +50,54 @@ REFERENCE_ARMS = ("uniform", "dapo", "oracle", "first_sight_oracle")
 # name -> (kind, description, options). Simulator options are SimConfig fields; the
 # learner's are its command-line options.
 WORLDS: dict[str, tuple[str, str, dict]] = {
-    "sim-base": ("sim", "50k prompts, 8 domains ordered by difficulty, gamma (right-tailed) spread, "
-                 "5% never pass, 10% always pass, memorisation on",
-                 dict(prompts=50_000, steps=800, batch=128)),
-    "sim-clean": ("sim", "50k prompts, light-tailed (normal) spread, no never/always-pass prompts, "
-                  "no memorisation", dict(prompts=50_000, steps=800, batch=128, broken=0.0, trivial=0.0,
-                                          spread="normal", memo_lr=0.0)),
-    "sim-broken15": ("sim", "50k prompts, 15% never pass, 10% always pass, heavy-tailed (lognormal) spread, "
-                     "memorisation on", dict(prompts=50_000, steps=800, batch=128, broken=0.15, spread="lognormal")),
-    "sim-flat-24dom": ("sim", "100k prompts, 24 domains uncorrelated with difficulty, 5% never pass, "
-                       "memorisation off", dict(prompts=100_000, steps=800, batch=256, domains=24,
-                                                domain_offsets=0.0, memo_lr=0.0)),
-    "learner": ("learner", "GRPO on a transformer, addition up to 8 digits, 2,000 prompts, 5% wrong labels, "
-                "batch 32 × 8", dict()),
-    "learner-hard": ("learner", "the learner with 3,000 prompts, 15% wrong labels, batch 16 × 8, each step "
-                     "reported by 4 ranks", dict(prompts=3_000, broken=0.15, batch=16, reporters=4)),
+    "sim-base": (
+        "sim",
+        "50k prompts, 8 domains ordered by difficulty, gamma (right-tailed) spread, "
+        "5% never pass, 10% always pass, memorisation on",
+        dict(prompts=50_000, steps=800, batch=128),
+    ),
+    "sim-clean": (
+        "sim",
+        "50k prompts, light-tailed (normal) spread, no never/always-pass prompts, no memorisation",
+        dict(prompts=50_000, steps=800, batch=128, broken=0.0, trivial=0.0, spread="normal", memo_lr=0.0),
+    ),
+    "sim-broken15": (
+        "sim",
+        "50k prompts, 15% never pass, 10% always pass, heavy-tailed (lognormal) spread, memorisation on",
+        dict(prompts=50_000, steps=800, batch=128, broken=0.15, spread="lognormal"),
+    ),
+    "sim-flat-24dom": (
+        "sim",
+        "100k prompts, 24 domains uncorrelated with difficulty, 5% never pass, memorisation off",
+        dict(prompts=100_000, steps=800, batch=256, domains=24, domain_offsets=0.0, memo_lr=0.0),
+    ),
+    "sim-long": (
+        "sim",
+        "100k prompts, 8 domains spread over twice the usual range (the hardest out of reach at "
+        "the start), a quarter of the usual learning rate, memorisation that does not transfer (a "
+        "memorised pass teaches only at the prompt's own difficulty), 3,000 steps",
+        dict(prompts=100_000, steps=3_000, batch=128, domain_offsets=5.0, lr=0.0005, memo_teaches=0.0),
+    ),
+    "learner": (
+        "learner",
+        "GRPO on a transformer, addition up to 8 digits, 2,000 prompts, 5% wrong labels, "
+        "batch 32 × 8, 1,172 steps (300k rollouts)",
+        dict(steps=1_172),
+    ),
+    "learner-hard": (
+        "learner",
+        "the learner with 3,000 prompts, 15% wrong labels, batch 16 × 8, each step reported by 4 ranks, 1,200 steps",
+        dict(prompts=3_000, broken=0.15, batch=16, reporters=4, steps=1_200),
+    ),
+    "learner-long": (
+        "learner",
+        "the learner as users try it: 2,000 prompts, 10% wrong labels, batch 32 × 8, 1,172 steps (300k rollouts)",
+        dict(broken=0.10, steps=1_172),
+    ),
 }
 SMOKE_SIM = dict(prompts=3_000, steps=60, batch=32)
+# Long-horizon worlds at smoke size keep a longer run than the others (CI's smoke covers one).
+SMOKE_LONG = dict(prompts=3_000, steps=240, batch=32)
 
 
 def _sim_job(job: dict) -> dict:
@@ -77,10 +108,13 @@ def _sim_job(job: dict) -> dict:
 
 
 def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool) -> tuple[list, float]:
-    cfg = dict(opts, **(SMOKE_SIM if smoke else {}))
+    cfg = dict(opts, **((SMOKE_LONG if opts["steps"] > 1_000 else SMOKE_SIM) if smoke else {}))
     steps = cfg["steps"]
-    jobs = [{"world": name, "arm": a, "cfg": dict(cfg, seed=s), "eval_every": max(1, steps // 100)}
-            for s in range(seeds) for a in arms]
+    jobs = [
+        {"world": name, "arm": a, "cfg": dict(cfg, seed=s), "eval_every": max(1, steps // 100)}
+        for s in range(seeds)
+        for a in arms
+    ]
     if workers > 1:
         with mp.get_context("spawn").Pool(workers) as pool:
             rows = list(pool.imap(_sim_job, jobs))
@@ -89,11 +123,13 @@ def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: i
     target = sim.auto_target(rows)
     for r in rows:
         r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
+    sim.budget_metrics(rows)
     return rows, target
 
 
-def run_learner_world(name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool,
-                      out: Path) -> tuple[list, float]:
+def run_learner_world(
+    name: str, opts: dict, arms: list[str], seeds: int, workers: int, smoke: bool, out: Path
+) -> tuple[list, float]:
     from . import learner
 
     argv = ["--seeds", str(seeds), "--arms", ",".join(arms), "--workers", str(workers), "--out", str(out / name)]
@@ -109,30 +145,68 @@ def run_learner_world(name: str, opts: dict, arms: list[str], seeds: int, worker
 
 
 def matrix(per_world: dict[str, list[dict]], arms: list[str]) -> list[dict]:
-    """Per arm: the share of the oracle's gain on each world, and its worst case and mean."""
+    """Per arm and world: the share of the oracle's gain on rollouts to the target
+    (``shares``), the share of the oracle's gain in the area under the held-out curve
+    (``area_shares``) and the worst paired gain over uniform in held-out accuracy at the
+    budget's checkpoints (``checkpoint_gains``). The arm's ``worst`` is the lowest of its
+    time and area shares over all worlds (the worst case over worlds *and* over the run);
+    ``below_uniform`` counts the worlds where a checkpoint's mean accuracy fell below
+    uniform's by more than 0.005."""
     out = []
     for arm in arms:
-        shares = {}
+        shares, area, ckpt = {}, {}, {}
         for w, summary in per_world.items():
             row = next((s for s in summary if s["arm"] == arm), None)
-            if row is not None and row["oracle_gain_share"] is not None:
+            if row is None:
+                continue
+            if row["oracle_gain_share"] is not None:
                 shares[w] = row["oracle_gain_share"]
-        if not shares:
+            if row.get("area_gain_share") is not None:
+                area[w] = row["area_gain_share"]
+            if row.get("worst_checkpoint_gain") is not None:
+                ckpt[w] = row["worst_checkpoint_gain"]
+        both = list(shares.values()) + list(area.values())
+        if not both:
             continue
-        out.append({"arm": arm, "shares": shares, "worst": min(shares.values()),
-                    "mean": float(np.mean(list(shares.values()))), "worlds": len(shares)})
+        out.append(
+            {
+                "arm": arm,
+                "shares": shares,
+                "area_shares": area,
+                "checkpoint_gains": ckpt,
+                "worst": min(both),
+                "worst_time": min(shares.values()) if shares else None,
+                "worst_area": min(area.values()) if area else None,
+                "worst_checkpoint_gain": min(ckpt.values()) if ckpt else None,
+                "below_uniform": sum(g < -0.005 for g in ckpt.values()),
+                "mean": float(np.mean(both)),
+                "worlds": len(set(shares) | set(area)),
+            }
+        )
     out.sort(key=lambda r: (-r["worlds"], -r["worst"]))
     return out
 
 
 def print_matrix(rows: list[dict], worlds: list[str]) -> None:
-    print("\nshare of the oracle's gain, (uniform/arm − 1)/(uniform/oracle − 1), mean over seeds; "
-          "sorted by the worst case over worlds")
-    print("| arm | " + " | ".join(worlds) + " | worst | mean |")
-    print("|---|" + "---:|" * (len(worlds) + 2))
+    print(
+        "\nshare of the oracle's gain per world: rollouts to the target / area under the held-out curve, "
+        "(uniform/arm − 1)/(uniform/oracle − 1) and (area − uniform's)/(oracle's − uniform's), mean over seeds; "
+        "sorted by the worst case over worlds of both; the worst paired gain over uniform at the 25/50/75/100% "
+        "checkpoints"
+    )
+    print("| arm | " + " | ".join(worlds) + " | worst | mean | worst checkpoint gain vs uniform |")
+    print("|---|" + "---:|" * (len(worlds) + 3))
+    f = lambda d, w: f"{d[w]:.2f}" if w in d else "—"  # noqa: E731
     for r in rows:
-        cells = [f"{r['shares'][w]:.2f}" if w in r["shares"] else "—" for w in worlds]
-        print(f"| {r['arm']} | " + " | ".join(cells) + f" | **{r['worst']:.2f}** | {r['mean']:.2f} |")
+        cells = [f"{f(r['shares'], w)} / {f(r['area_shares'], w)}" for w in worlds]
+        ck = r.get("worst_checkpoint_gain")
+        print(
+            f"| {r['arm']} | "
+            + " | ".join(cells)
+            + f" | **{r['worst']:.2f}** | {r['mean']:.2f} | "
+            + ("—" if ck is None else f"{ck:+.3f}")
+            + " |"
+        )
 
 
 def plot_matrix(rows: list[dict], worlds: list[str], path: Path) -> None:
@@ -166,17 +240,24 @@ def report(runs: list[dict], worlds: dict, out: Path, meta: dict) -> dict:
         arm_order += [a for a in w_arms if a not in arm_order]
         per_world[w] = sim.summarise(rows, w_arms)
         opts = info["options"]
-        ns = argparse.Namespace(prompts=opts.get("prompts", 2_000), steps=opts.get("steps", "(learner default)"),
-                                batch=opts.get("batch", 32), seeds=len({r["seed"] for r in rows}),
-                                target=info["target"])
+        ns = argparse.Namespace(
+            prompts=opts.get("prompts", 2_000),
+            steps=opts.get("steps", "(learner default)"),
+            batch=opts.get("batch", 32),
+            seeds=len({r["seed"] for r in rows}),
+            target=info["target"],
+        )
         sim.print_table(per_world[w], ns, title=f"world {w} ({info['kind']}: {info['description']})")
+        sim.print_budget_table(per_world[w], title=f"world {w}")
     mat = matrix(per_world, arm_order)
     print_matrix(mat, list(worlds))
     candidates = [r for r in mat if r["worlds"] == len(worlds) and sim.arm_strategy(r["arm"])["name"] in strat.REGISTRY]
     best = candidates[0]["arm"] if candidates else None
     if best is not None:
-        print(f"\nbest worst case among the strategies run on every world: {best} "
-              f"({candidates[0]['worst']:.2f}; mean {candidates[0]['mean']:.2f})")
+        print(
+            f"\nbest worst case among the strategies run on every world: {best} "
+            f"({candidates[0]['worst']:.2f}; mean {candidates[0]['mean']:.2f})"
+        )
     result = {**meta, "worlds": worlds, "summary": per_world, "matrix": mat, "best_worst_case": best, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(json.dumps(result, indent=1))
@@ -192,10 +273,18 @@ def merge(paths: list[Path], out: Path) -> dict:
         if "worlds" not in d:  # a learner world's own learner.json (its folder is the world's name)
             w = p.parent.name
             kind, desc, opts = WORLDS[w]
-            d = {**d, "worlds": {w: {"kind": kind, "description": desc, "target": d["target"],
-                                      "options": {**opts, "steps": d["config"]["steps"]}}},
-                 "runs": [{**{k: v for k, v in r.items() if k != "effective_per_step"}, "world": w}
-                          for r in d["runs"]]}
+            d = {
+                **d,
+                "worlds": {
+                    w: {
+                        "kind": kind,
+                        "description": desc,
+                        "target": d["target"],
+                        "options": {**opts, "steps": d["config"]["steps"]},
+                    }
+                },
+                "runs": [{**{k: v for k, v in r.items() if k != "effective_per_step"}, "world": w} for r in d["runs"]],
+            }
         runs += d["runs"]
         for w, info in d["worlds"].items():
             worlds.setdefault(w, info)
@@ -207,17 +296,23 @@ def merge(paths: list[Path], out: Path) -> dict:
             worlds[w]["target"] = sim.auto_target(rows)
             for r in rows:
                 r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], worlds[w]["target"])
+        sim.budget_metrics(rows)
     return report(runs, worlds, out, {"merged_from": parts})
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description="Every arm on several simulated and learner worlds; one matrix of the "
-                                 "share of the oracle's gain, default chosen by the worst case.")
+    ap = argparse.ArgumentParser(
+        description="Every arm on several simulated and learner worlds; one matrix of the "
+        "share of the oracle's gain, default chosen by the worst case."
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny worlds, one seed (CI)")
     ap.add_argument("--worlds", default=",".join(WORLDS), help=f"comma-separated, of: {', '.join(WORLDS)}")
-    ap.add_argument("--arms", default=None,
-                    help="simulator arms, comma-separated (strategy+param=value&…); default: every registered "
-                    "strategy and " + ", ".join(REFERENCE_ARMS))
+    ap.add_argument(
+        "--arms",
+        default=None,
+        help="simulator arms, comma-separated (strategy+param=value&…); default: every registered "
+        "strategy and " + ", ".join(REFERENCE_ARMS),
+    )
     ap.add_argument("--learner-arms", default=None, help="learner arms; default: the same as --arms")
     ap.add_argument("--extra-arms", default="", help="arms added to both lists (variants under evaluation)")
     ap.add_argument("--seeds", type=int, default=3, help="paired seeds per simulator world")
@@ -225,10 +320,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--learner-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=max(1, min(16, os.cpu_count() or 1)))
     ap.add_argument("--out", default="benchmarks/out/suite")
-    ap.add_argument("--merge", default=None,
-                    help="comma-separated suite.json files of earlier runs (or a learner world's learner.json, "
-                    "in a folder named after the world): recompute one matrix from their runs (worlds run "
-                    "separately; for a world in several files, the runs are pooled) and run nothing")
+    ap.add_argument(
+        "--merge",
+        default=None,
+        help="comma-separated suite.json files of earlier runs (or a learner world's learner.json, "
+        "in a folder named after the world): recompute one matrix from their runs (worlds run "
+        "separately; for a world in several files, the runs are pooled) and run nothing",
+    )
     args = ap.parse_args(argv)
     if args.merge:
         return merge([Path(p) for p in args.merge.split(",") if p], Path(args.out))
@@ -252,7 +350,10 @@ def main(argv: list[str] | None = None) -> dict:
     for w in worlds:
         kind, desc, opts = WORLDS[w]
         tw = time.perf_counter()
-        shown = dict(opts, **(SMOKE_SIM if args.smoke and kind == "sim" else {}))
+        shown = dict(
+            opts,
+            **((SMOKE_LONG if opts.get("steps", 0) > 1_000 else SMOKE_SIM) if args.smoke and kind == "sim" else {}),
+        )
         if kind == "sim":
             rows, target = run_sim_world(w, opts, arms, args.seeds, args.workers, args.smoke)
         else:
@@ -260,11 +361,19 @@ def main(argv: list[str] | None = None) -> dict:
                 shown["steps"] = args.learner_steps
             rows, target = run_learner_world(w, shown, l_arms, args.learner_seeds, args.workers, args.smoke, out)
         runs += [{k: v for k, v in r.items() if k != "effective_per_step"} for r in rows]
-        infos[w] = {"kind": kind, "description": desc, "options": shown, "target": target,
-                    "wall_s": time.perf_counter() - tw}
+        infos[w] = {
+            "kind": kind,
+            "description": desc,
+            "options": shown,
+            "target": target,
+            "wall_s": time.perf_counter() - tw,
+        }
         print(f"world {w}: {infos[w]['wall_s']:.0f} s", flush=True)
-    meta = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "workers": args.workers},
-            "args": vars(args), "wall_s": time.perf_counter() - t0}
+    meta = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "workers": args.workers},
+        "args": vars(args),
+        "wall_s": time.perf_counter() - t0,
+    }
     return report(runs, infos, out, meta)
 
 

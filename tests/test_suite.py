@@ -100,3 +100,69 @@ def test_merge_pools_worlds_run_separately(tmp_path):
     one = json.loads((a / "suite.json").read_text())["summary"]["sim-base"]
     assert next(r for r in res["summary"]["sim-base"] if r["arm"] == "default")["oracle_gain_share"] == \
         pytest.approx(next(r for r in one if r["arm"] == "default")["oracle_gain_share"])
+
+
+def test_accuracy_at_and_curve_area_over_the_budget():
+    curve = [(0, 0, 0.2), (1, 100, 0.4), (2, 200, 0.6)]
+    assert sim.accuracy_at(curve, 50) == pytest.approx(0.3)  # interpolated in rollouts
+    assert sim.accuracy_at(curve, 400) == pytest.approx(0.6)  # held at the last value past the end
+    # trapezoids: (0.2+0.4)/2·100 + (0.4+0.6)/2·100 = 80 over 200 rollouts
+    assert sim.curve_area(curve, 200) == pytest.approx(0.4)
+    # a run that stops early is held at its last value: 80 + 0.6·200 = 200 over 400
+    assert sim.curve_area(curve, 400) == pytest.approx(0.5)
+    assert sim.curve_area(curve, 100) == pytest.approx(0.3)
+
+
+def test_budget_metrics_area_share_and_worst_checkpoint():
+    def run(arm, accs):
+        curve = [(i, i * 100, a) for i, a in enumerate(accs)]
+        return _row(arm, 0, None, used=curve[-1][1], curve=curve)
+
+    rows = [run("uniform", [0.2, 0.3, 0.4, 0.5, 0.6]), run("oracle", [0.2, 0.6, 0.7, 0.8, 0.9]),
+            run("a", [0.2, 0.4, 0.5, 0.5, 0.55])]
+    sim.budget_metrics(rows)
+    s = {r["arm"]: r for r in sim.summarise(rows, ["uniform", "oracle", "a"])}
+    assert s["uniform"]["acc_at"] == pytest.approx([0.3, 0.4, 0.5, 0.6])
+    assert s["a"]["gain_vs_uniform_at"] == pytest.approx([0.1, 0.1, 0.0, -0.05])
+    assert s["a"]["worst_checkpoint_gain"] == pytest.approx(-0.05)  # below uniform at the end: seen
+    u, o, a = (s[k]["area"] for k in ("uniform", "oracle", "a"))
+    assert s["a"]["area_gain_share"] == pytest.approx((a - u) / (o - u))
+    assert s["oracle"]["area_gain_share"] == pytest.approx(1.0)
+    m = {r["arm"]: r for r in suite.matrix({"w": list(s.values())}, ["uniform", "oracle", "a"])}
+    assert m["a"]["below_uniform"] == 1 and m["oracle"]["below_uniform"] == 0
+    assert m["a"]["area_shares"]["w"] == pytest.approx(s["a"]["area_gain_share"])
+
+
+def test_matrix_worst_case_takes_the_area_share_too():
+    per_world = {"w1": [{"arm": "a", "oracle_gain_share": 0.9, "area_gain_share": 0.2},
+                        {"arm": "b", "oracle_gain_share": 0.5, "area_gain_share": 0.5}]}
+    m = suite.matrix(per_world, ["a", "b"])
+    assert [r["arm"] for r in m] == ["b", "a"]  # a's early target hides a stall: its area share is its worst
+    assert m[1]["worst"] == pytest.approx(0.2) and m[1]["worst_time"] == pytest.approx(0.9)
+
+
+def test_coverage_row_of_a_concentrated_run():
+    rolled = np.array([80, 8, 8, 0, 0, 0, 0, 0, 0, 0])  # 96 rollouts, one prompt took 80
+    domain = np.array([0, 0, 1, 1, 1, 1, 1, 2, 2, 2])
+    windows = np.array([[2.0, 1.0, 0.0]] * 5 + [[0.0, 0.0, 0.0]] * 5)
+    row = sim.coverage_row(rolled, domain, windows, np.array([0.1, 0.5, 1.0]))
+    assert row["top10_share"] == pytest.approx(80 / 96)  # top 10% of the pool = 1 prompt
+    assert row["median_per_seen"] == 8 and row["max_per_seen"] == 80
+    assert row["seen_share"] == pytest.approx(0.3)
+    assert row["seen_share_by_domain"] == pytest.approx([1.0, 0.2, 0.0])
+    assert row["rollout_share_by_domain"] == pytest.approx([88 / 96, 8 / 96, 0.0], abs=1e-4)
+    assert row["picks_by_window"][0] == pytest.approx([2 / 3, 1 / 3, 0.0], abs=1e-4)
+    assert row["picks_by_window"][9] == [0.0, 0.0, 0.0]
+
+
+def test_suite_smoke_covers_a_long_horizon_world(tmp_path):
+    res = suite.main(["--smoke", "--worlds", "sim-long", "--arms", "uniform,oracle,default", "--workers", "1",
+                      "--out", str(tmp_path)])
+    assert res["worlds"]["sim-long"]["options"]["steps"] == suite.SMOKE_LONG["steps"]
+    by = {r["arm"]: r for r in res["summary"]["sim-long"]}
+    for arm in ("uniform", "oracle", "default"):
+        assert len(by[arm]["acc_at"]) == 4 and 0.0 < by[arm]["area"] < 1.0
+        assert 0.0 < by[arm]["top10_share"] <= 1.0 and by[arm]["max_per_seen"] >= by[arm]["median_per_seen"]
+        assert len(by[arm]["picks_by_window"]) == 10
+    assert by["oracle"]["area_gain_share"] == pytest.approx(1.0)
+    assert by["uniform"]["top10_share"] < by["oracle"]["top10_share"]  # uniform spreads its rollouts

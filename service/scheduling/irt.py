@@ -83,8 +83,10 @@ class SkillDifficultyModel:
         latent: bool = False,
         latent_hazard: float = 0.0,
         em: bool = False,
+        skill_share: float = 0.0,
     ) -> None:
         self.em = em
+        self.skill_share = skill_share
         self.skill_transfer = skill_transfer
         self.latent = latent
         self.latent_hazard = latent_hazard
@@ -103,6 +105,10 @@ class SkillDifficultyModel:
         self.theta_ = np.zeros(1)
         self.theta_var_ = np.full(1, 1.0)
         self.theta_step_ = np.full(1, -1, np.int64)
+        # The shared skill: the running sum of the information-weighted mean skill change of
+        # every report (``gain_``), and per domain its value when the domain last absorbed it.
+        self.gain_ = np.zeros(1)
+        self.gain_seen_ = np.zeros(1)
         # Per-domain sums over seen prompts: Σw, Σwμ, Σwμ² (w: the prompt's weight, its
         # posterior probability of being "normal"; 1 without the latent classes).
         # A seen prompt's w in dom_ is 1 − P(stuck) − P(solved) of its stored posterior (1
@@ -129,14 +135,24 @@ class SkillDifficultyModel:
             self.theta_ = np.r_[self.theta_, np.zeros(k)]
             self.theta_var_ = np.r_[self.theta_var_, np.ones(k)]
             self.theta_step_ = np.r_[self.theta_step_, np.full(k, -1, np.int64)]
+            self.gain_seen_ = np.r_[self.gain_seen_, np.full(k, self.gain_[0])]
             self.dom_ = np.vstack([self.dom_, np.zeros((k, 4))])
             self.lat_ = np.vstack([self.lat_, np.zeros((k, 3))])
+
+    def skill_now(self) -> np.ndarray:
+        """Every domain's skill: its own estimate plus ``skill_share`` of the shared skill's
+        gain since the domain last absorbed it (a domain not trained on for a while moves
+        with the others: progress on level 5 lifts level 6's estimate until level 6's own
+        groups say otherwise)."""
+        if not self.skill_share:
+            return self.theta_
+        return self.theta_ + self.skill_share * (self.gain_[0] - self.gain_seen_)
 
     # -- the prior of an unseen prompt ------------------------------------------------
     def domain_difficulty(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of seen difficulties per domain; the prior of unseen prompts."""
         cnt = self.dom_[:, 0]
-        mean = np.where(cnt > 0, self.dom_[:, 1] / np.maximum(cnt, 1), self.theta_)
+        mean = np.where(cnt > 0, self.dom_[:, 1] / np.maximum(cnt, 1), self.skill_now())
         second = self.dom_[:, 2] + (self.dom_[:, 3] if self.em else 0.0)
         var = np.where(cnt > 1, second / np.maximum(cnt, 1) - mean**2, self.prior_var)
         # Few seen prompts: blend toward the broad prior.
@@ -149,7 +165,7 @@ class SkillDifficultyModel:
         seen = tau > 0
         dm, dv = self.domain_difficulty()
         has_prior = ~np.isnan(prior_logit)
-        mu0 = np.where(has_prior, self.theta_[d] - np.nan_to_num(prior_logit), dm[d])
+        mu0 = np.where(has_prior, self.skill_now()[d] - np.nan_to_num(prior_logit), dm[d])
         var0 = np.where(has_prior, 1.0, dv[d])
         if pred is not None:
             rel, rel_var = pred
@@ -173,7 +189,7 @@ class SkillDifficultyModel:
 
     def _skill(self, d: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         gap = np.where(self.theta_step_[d] >= 0, np.maximum(np.asarray(step) - self.theta_step_[d], 0), 0)
-        return self.theta_[d], self.theta_var_[d] + self.skill_drift * gap
+        return self.skill_now()[d], self.theta_var_[d] + self.skill_drift * gap
 
     # -- updates --------------------------------------------------------------------
     def observe(self, o, d, n, k, step, prior_logit, pred=None) -> None:
@@ -205,7 +221,14 @@ class SkillDifficultyModel:
         gap = np.where(self.theta_step_ >= 0, np.maximum(last - self.theta_step_, 0), 0)
         prior_var = self.theta_var_ + self.skill_drift * gap
         new_var = np.maximum(1.0 / (1.0 / prior_var + h), self.min_skill_var)
-        self.theta_ = np.where(touched, self.theta_ + np.clip(g * new_var, -1.0, 1.0), self.theta_)
+        step_change = np.where(touched, np.clip(g * new_var, -1.0, 1.0), 0.0)
+        # A touched domain absorbs its share of the shared skill's gain first (``skill_now``).
+        self.theta_ = np.where(touched, self.skill_now() + step_change, self.theta_)
+        if self.skill_share:
+            hw = np.where(touched, h, 0.0)
+            if hw.sum() > 0:
+                self.gain_ = self.gain_ + float(hw @ step_change / hw.sum())
+            self.gain_seen_ = np.where(touched, self.gain_[0], self.gain_seen_)
         self.theta_var_ = np.where(touched, new_var, self.theta_var_)
         self.theta_step_ = np.where(touched, np.maximum(self.theta_step_, last), self.theta_step_)
         # Prompt difficulty: Laplace update from its belief (prior or drifted posterior),

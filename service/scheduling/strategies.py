@@ -133,6 +133,15 @@ class FrontierParams(StrategyParams):
         "takes (1: all, the plain item-response model; less: a prompt's own history weighs more than "
         "its level's trend — broken and still-unsolved prompts stop looking easier as the level improves).",
     )
+    skill_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Domains that move together: a domain's skill follows this share of the pool's shared "
+        "skill gain (the information-weighted mean of every report's skill changes) while it is not trained on, "
+        "until its own groups say otherwise (0: domains independent). Hard domains written off early are "
+        "probed again as the policy's skill rises elsewhere.",
+    )
     thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
     thompson_scale: float = Field(
         1.0,
@@ -147,6 +156,14 @@ class FrontierParams(StrategyParams):
         le=1_000_000,
         description="Prompts rolled out in the last `cooldown` steps go last: training on the same few prompts "
         "step after step memorises them instead of teaching the skill.",
+    )
+    reuse_discount: float = Field(
+        0.0,
+        ge=0.0,
+        le=4.0,
+        description="Diminishing returns of re-use: a candidate's score is divided by (1 + its groups so far) "
+        "to this power (0: off). A prompt trained on again and again is memorised rather than teaching the "
+        "skill, so a known-informative prompt gives way to fresh ones of its level after a few groups.",
     )
     latent: bool = Field(
         False,
@@ -203,6 +220,7 @@ class Frontier(Strategy[FP]):
             latent=p.latent,
             latent_hazard=p.latent_hazard,
             em=p.em,
+            skill_share=p.skill_share,
         )
         pool.trackers["skill"] = SkillTracker(model)
         return pool
@@ -256,6 +274,8 @@ class Frontier(Strategy[FP]):
             score = tracker.expected_score(pool, cand, step, n, p.score)
         else:  # the published frontier: P(informative) at the predictive mean
             score = selection.informative_prob(tracker.predict(pool, cand, step), n)
+        if p.reuse_discount:
+            score = score * (1.0 + pool.groups[cand]) ** -p.reuse_discount
         if p.cooldown:
             last = pool.last_step[cand]
             score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one

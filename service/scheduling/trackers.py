@@ -78,7 +78,7 @@ class SkillTracker:
 
     def inspect(self) -> dict:
         D = self.model.theta_.shape[0]
-        out = {"skill": self.model.theta_[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
+        out = {"skill": self.model.skill_now()[:D].tolist(), "skill_sd": np.sqrt(self.model.theta_var_[:D]).tolist()}
         if self.model.latent:
             ps, pv = self.model.latent_prior()
             out["prior_p_stuck"], out["prior_p_solved"] = ps[:D].tolist(), pv[:D].tolist()
