@@ -806,6 +806,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--smoke", action="store_true", help="tiny: 1 seed, 3 arms, few steps (CI)")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed … first-seed + seeds − 1 (to add seeds to an earlier run)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
@@ -878,7 +879,7 @@ def main(argv: list[str] | None = None) -> dict:
         with ctx.Pool(min(workers, len(items))) as pool:
             yield from pool.imap_unordered(fn, items)
 
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     warm = {}
     for w in pmap(_warmup_job, [(_cfg_dict(cfg), s, args.device, str(out), threads) for s in seeds]):
         warm[w["seed"]] = w
@@ -925,6 +926,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{'prefetch' if cfg.prefetch else 'no prefetch'}, {cfg.reporters} reporter(s), "
         f"device {args.device})",
     )
+    sim.print_budget_table(summary, title="learner")
     result = {
         "machine": {
             "cpus": os.cpu_count(),

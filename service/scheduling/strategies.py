@@ -165,6 +165,29 @@ class FrontierParams(StrategyParams):
         "to this power (0: off). A prompt trained on again and again is memorised rather than teaching the "
         "skill, so a known-informative prompt gives way to fresh ones of its level after a few groups.",
     )
+    reuse_free: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="With reuse_discount: a prompt's first `reuse_free` groups are free; the score is divided by "
+        "((1 + groups) / (1 + reuse_free))^reuse_discount beyond them.",
+    )
+    probe_every: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="A domain whose skill has had no report for more than this many steps gets its best "
+        'candidate into the batch (0: off): "stuck" is relative to the policy of the time, and a domain '
+        "too hard for the policy of step 100 may be learnable at step 500; one group tells.",
+    )
+    uniform_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of the batch drawn uniformly from the rest of the candidate pool (prompts the latent "
+        "classes hold stuck or solved with probability > ½ left out): a floor of uniform sampling's coverage, so "
+        "that a long run does not narrow onto the prompts the model knows best (0: off).",
+    )
     latent: bool = Field(
         False,
         description="Stuck and solved prompts: each prompt's latent class (never passes / always passes / "
@@ -275,14 +298,47 @@ class Frontier(Strategy[FP]):
         else:  # the published frontier: P(informative) at the predictive mean
             score = selection.informative_prob(tracker.predict(pool, cand, step), n)
         if p.reuse_discount:
-            score = score * (1.0 + pool.groups[cand]) ** -p.reuse_discount
+            g = pool.groups[cand].astype(np.float64)
+            score = score * np.maximum(1.0, (1.0 + g) / (1.0 + p.reuse_free)) ** -p.reuse_discount
         if p.cooldown:
             last = pool.last_step[cand]
             score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one
-        top = selection.top_k(score, B)
+        if p.probe_every:
+            score = _probe_stale_domains(score, pool.domain[cand], tracker.model.theta_step_, req.step, p.probe_every)
+        k_u = int(round(p.uniform_share * B)) if p.uniform_share else 0
+        top = selection.top_k(score, B - k_u)
+        if k_u:
+            rest = np.ones(cand.size, bool)
+            rest[top] = False
+            if tracker.model.latent:
+                qs, qv = tracker.latent_probs(pool, cand, step)
+                ok = rest & (qs <= 0.5) & (qv <= 0.5)
+                rest = ok if ok.sum() >= k_u else rest
+            pick = np.flatnonzero(rest)
+            top = np.r_[top, rng.choice(pick, size=min(k_u, pick.size), replace=False)]
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
         return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)
+
+
+def _probe_stale_domains(
+    score: np.ndarray, dom: np.ndarray, last_report: np.ndarray, step: int, every: int
+) -> np.ndarray:
+    """``score`` with the best candidate of every stale domain (no report of its skill for
+    more than ``every`` steps; never reported counts from step −1) lifted above every other
+    candidate (its rank among the lifted keeps its score's order)."""
+    K = last_report.shape[0]
+    d = dom.astype(np.int64)
+    gap = step - last_report  # −1 for a domain never reported
+    stale = (d < K) & (gap[np.minimum(d, K - 1)] > every)
+    if not stale.any():
+        return score
+    idx = np.flatnonzero(stale)
+    order = idx[np.argsort(-score[idx], kind="stable")]
+    _, first = np.unique(d[order], return_index=True)
+    out = score.copy()
+    out[order[first]] = score[order[first]] + 1e6  # above every other score (all are ≤ 1 here)
+    return out
 
 
 # -- DPS ------------------------------------------------------------------------------
@@ -684,6 +740,24 @@ class DefaultParams(FrontierParams):
         "(default ¼, chosen on the suite: explores the wide prior of never-seen prompts less than a "
         "posterior draw).",
     )
+    probe_every: int = Field(
+        50,
+        ge=0,
+        le=1_000_000,
+        description="A domain whose skill has had no report for more than this many steps gets its best "
+        "candidate into the batch (default 50; 0: off): a domain too hard for the policy of today is probed "
+        "again as the policy changes.",
+    )
+    reuse_discount: float = Field(
+        1.0,
+        ge=0.0,
+        le=4.0,
+        description="Diminishing returns of re-use (default 1): beyond its first `reuse_free` groups a candidate's "
+        "score is divided by ((1 + groups) / (1 + reuse_free))^reuse_discount; 0: off.",
+    )
+    reuse_free: float = Field(
+        8.0, ge=0.0, le=1e6, description="Groups of a prompt before re-use is discounted (default 8)."
+    )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
     em: bool = Field(
         True,
@@ -697,8 +771,10 @@ class Default(Frontier[DefaultParams]):
     description = (
         "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
-        "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, and a "
-        "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group."
+        "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, a "
+        "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
+        "a probe of every domain left without a report for 50 steps, and diminishing returns of re-use past a "
+        "prompt's 8th group."
     )
     Params = DefaultParams
 

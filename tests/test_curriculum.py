@@ -1,0 +1,116 @@
+"""The model that keeps the curriculum moving: diminishing returns of re-use, probes of
+domains left unvisited, and a skill shared across domains — each checked on a pool whose
+answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollplan.service.scheduling import strategies as strat
+from rollplan.service.scheduling.irt import SkillDifficultyModel
+from rollplan.service.scheduling.pool import Observations, PoolState
+
+
+def _obs(o, n, k, step) -> Observations:
+    o = np.asarray(o, np.int64)
+    n = np.asarray(n, np.int64)
+    k = np.asarray(k, np.float64)
+    p = k / n
+    return Observations(ordinals=o, n=n, successes=k, step=np.full(o.size, step, np.int64),
+                        informative=(k > 0) & (k < n), abs_adv=2 * np.sqrt(p * (1 - p)),
+                        staleness=np.zeros(o.size, np.int64))
+
+
+def _pool(strategy, size: int, domains: np.ndarray) -> PoolState:
+    pool = strategy.make_pool()
+    pool.set_prompts(np.arange(size), domains, np.full(size, np.nan))
+    return pool
+
+
+def _plan(strategy, pool, batch, step):
+    req = strat.PlanRequest(batch, batch * 8, 1, 64, step)
+    return strategy.plan(pool, req, strat.plan_rng("t", step, strategy.name))
+
+
+def test_mean_groups_per_seen_prompt_is_kept_by_the_fold():
+    pool = PoolState()
+    pool.set_prompts(np.arange(10), np.zeros(10, np.int64), np.full(10, np.nan))
+    assert pool.mean_groups_seen() == 0.0
+    pool.observe(_obs([0, 1, 1], [8, 8, 8], [4, 4, 4], 0))  # prompt 1 twice in one report
+    pool.observe(_obs([1, 2], [8, 8], [4, 4], 1))
+    assert pool.mean_groups_seen() == pytest.approx(5 / 3)  # 5 groups over 3 seen prompts
+    assert pool.mean_groups_seen() == pytest.approx(pool.groups.sum() / (pool.groups > 0).sum())
+
+
+def test_reuse_discount_hands_a_worn_prompt_over_to_fresh_ones():
+    # 40 prompts of one domain; prompt 0 has had 30 groups at p = ½, the others one at p ≈ 0.3.
+    domains = np.zeros(40, np.int64)
+    plain = strat.build("frontier", {"cooldown": 0, "candidate_multiplier": 1e6})
+    worn = strat.build("frontier", {"cooldown": 0, "candidate_multiplier": 1e6, "reuse_discount": 1.0})
+    picks = {}
+    for name, s in (("plain", plain), ("worn", worn)):
+        pool = _pool(s, 40, domains)
+        for step in range(30):
+            pool.observe(_obs([0], [8], [4], step))
+        pool.observe(_obs(np.arange(1, 40), np.full(39, 8), np.full(39, 2), 30))  # fresh ones at p ≈ 0.3
+        picks[name] = set(_plan(s, pool, 5, 31).ordinals.tolist())
+    assert 0 in picks["plain"]  # its well-known p ≈ ½ makes it the best bet of a plain frontier
+    assert 0 not in picks["worn"]
+
+
+def test_reuse_free_spares_re_use_up_to_the_pools_norm():
+    s = strat.build("frontier", {"cooldown": 0, "candidate_multiplier": 1e6, "reuse_discount": 1.0, "reuse_free": 2.0})
+    pool = _pool(s, 40, np.zeros(40, np.int64))
+    for step in range(3):  # every prompt 3 groups: prompt 0 is at the norm, not beyond 2× it
+        pool.observe(_obs(np.arange(40), np.full(40, 8), np.r_[4, np.full(39, 1)], step))
+    assert 0 in set(_plan(s, pool, 5, 3).ordinals.tolist())
+    for step in range(3, 30):  # prompt 0 alone: now far beyond 2× the mean
+        pool.observe(_obs([0], [8], [4], step))
+    assert pool.groups[0] > 2 * pool.mean_groups_seen()
+    assert 0 not in set(_plan(s, pool, 5, 30).ordinals.tolist())
+
+
+def test_probe_brings_back_a_domain_left_unvisited():
+    # Domain 1 failed everything at the start; domain 0 stays informative.
+    domains = np.r_[np.zeros(50, np.int64), np.ones(50, np.int64)]
+    s = strat.build("default", {"probe_every": 20, "candidate_multiplier": 1e6})
+    off = strat.build("default", {"probe_every": 0, "candidate_multiplier": 1e6})
+    seen_dom1 = {}
+    for name, st in (("probe", s), ("off", off)):
+        pool = _pool(st, 100, domains)
+        pool.observe(_obs(np.arange(50, 60), np.full(10, 8), np.zeros(10), 0))
+        hits = []
+        for step in range(1, 60):
+            pool.observe(_obs(np.arange(step % 50, step % 50 + 1), [8], [4], step))
+            d = _plan(st, pool, 4, step)
+            hits.append(int((domains[d.ordinals] == 1).sum()))
+        seen_dom1[name] = hits
+    assert sum(seen_dom1["off"]) == 0  # written off after its all-fail start
+    assert sum(seen_dom1["probe"]) >= 1
+    # Probed from the first step more than 20 past its last report (step 0): step 21.
+    assert sum(seen_dom1["probe"][:20]) == 0 and seen_dom1["probe"][20] == 1
+
+
+def test_shared_skill_lifts_an_unvisited_domain_until_its_own_groups_speak():
+    m = SkillDifficultyModel(skill_share=0.5)
+    m.grow(40, 2)
+    nan = np.full(40, np.nan)
+    d0 = np.arange(20)
+    for step in range(10):  # domain 0 improves: all-pass groups
+        o = d0[step * 2: step * 2 + 2]
+        m.observe(o, np.zeros(2, np.int64), np.full(2, 8.0), np.full(2, 8.0), np.full(2, step), nan[:2])
+    th0 = m.skill_now()
+    assert th0[0] > 0.5
+    assert th0[1] == pytest.approx(0.5 * (m.gain_[0] - 0.0))  # half the shared gain, no own evidence
+    assert th0[1] > 0
+    # Domain 1's own all-fail groups bring its skill down below where the share put it.
+    o = np.arange(20, 24)
+    m.observe(o, np.ones(4, np.int64), np.full(4, 8.0), np.zeros(4), np.full(4, 10), nan[:4])
+    assert m.skill_now()[1] < th0[1]
+    off = SkillDifficultyModel(skill_share=0.0)
+    off.grow(40, 2)
+    for step in range(10):
+        o = d0[step * 2: step * 2 + 2]
+        off.observe(o, np.zeros(2, np.int64), np.full(2, 8.0), np.full(2, 8.0), np.full(2, step), nan[:2])
+    assert off.skill_now()[1] == 0.0
