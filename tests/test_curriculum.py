@@ -33,16 +33,6 @@ def _plan(strategy, pool, batch, step):
     return strategy.plan(pool, req, strat.plan_rng("t", step, strategy.name))
 
 
-def test_mean_groups_per_seen_prompt_is_kept_by_the_fold():
-    pool = PoolState()
-    pool.set_prompts(np.arange(10), np.zeros(10, np.int64), np.full(10, np.nan))
-    assert pool.mean_groups_seen() == 0.0
-    pool.observe(_obs([0, 1, 1], [8, 8, 8], [4, 4, 4], 0))  # prompt 1 twice in one report
-    pool.observe(_obs([1, 2], [8, 8], [4, 4], 1))
-    assert pool.mean_groups_seen() == pytest.approx(5 / 3)  # 5 groups over 3 seen prompts
-    assert pool.mean_groups_seen() == pytest.approx(pool.groups.sum() / (pool.groups > 0).sum())
-
-
 def test_reuse_discount_hands_a_worn_prompt_over_to_fresh_ones():
     # 40 prompts of one domain; prompt 0 has had 30 groups at p = ½, the others one at p ≈ 0.3.
     domains = np.zeros(40, np.int64)
@@ -59,16 +49,24 @@ def test_reuse_discount_hands_a_worn_prompt_over_to_fresh_ones():
     assert 0 not in picks["worn"]
 
 
-def test_reuse_free_spares_re_use_up_to_the_pools_norm():
-    s = strat.build("frontier", {"cooldown": 0, "candidate_multiplier": 1e6, "reuse_discount": 1.0, "reuse_free": 2.0})
+def test_reuse_free_spares_a_prompts_first_groups():
+    s = strat.build("frontier", {"cooldown": 0, "candidate_multiplier": 1e6, "reuse_discount": 1.0, "reuse_free": 8})
     pool = _pool(s, 40, np.zeros(40, np.int64))
-    for step in range(3):  # every prompt 3 groups: prompt 0 is at the norm, not beyond 2× it
-        pool.observe(_obs(np.arange(40), np.full(40, 8), np.r_[4, np.full(39, 1)], step))
-    assert 0 in set(_plan(s, pool, 5, 3).ordinals.tolist())
-    for step in range(3, 30):  # prompt 0 alone: now far beyond 2× the mean
+    for step in range(8):  # prompt 0: 8 groups at p = ½ — still free
         pool.observe(_obs([0], [8], [4], step))
-    assert pool.groups[0] > 2 * pool.mean_groups_seen()
-    assert 0 not in set(_plan(s, pool, 5, 30).ordinals.tolist())
+    pool.observe(_obs(np.arange(1, 40), np.full(39, 8), np.full(39, 2), 8))  # the others once, at p ≈ 0.3
+    assert 0 in set(_plan(s, pool, 5, 9).ordinals.tolist())
+    for step in range(9, 40):  # 39 groups: its score is divided by (40 / 9)
+        pool.observe(_obs([0], [8], [4], step))
+    assert 0 not in set(_plan(s, pool, 5, 40).ordinals.tolist())
+
+
+def test_default_turns_the_curriculum_mechanisms_on():
+    p = strat.build("default", {}).params
+    assert (p.probe_every, p.reuse_discount, p.reuse_free) == (50, 1.0, 8.0)
+    assert p.skill_share == 0.0 and p.uniform_share == 0.0  # measured, not better: opt-in (RESULTS.md)
+    f = strat.build("frontier", {}).params
+    assert (f.probe_every, f.reuse_discount, f.skill_share, f.uniform_share) == (0, 0.0, 0.0, 0.0)
 
 
 def test_probe_brings_back_a_domain_left_unvisited():

@@ -106,8 +106,6 @@ class PoolState:
     _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     _max_rollouts: int = 0  # the largest per-prompt rollout count (≥ every other count)
-    _total_groups: int = 0  # groups over the pool
-    _seen_prompts: int = 0  # prompts with at least one group
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
     # Sparse columns, None until a first value is set (most pools have no client priors
     # and no predictor): the client prior pass rate and strength (NaN where none); the
@@ -277,9 +275,6 @@ class PoolState:
         for name in ("_rollouts", "_groups", "_informative_groups", "_solved_groups", "_failed_groups"):
             setattr(self, name, widen(getattr(self, name), top))
         self._last_step = widen(self._last_step, int(obs.step.max()))
-        first = np.unique(o[self._groups[o] == 0])  # prompts seen for the first time
-        self._seen_prompts += int(first.size)
-        self._total_groups += len(obs)
         np.add.at(self._rollouts, o, obs.n)
         self._max_rollouts = max(self._max_rollouts, int(self._rollouts[o].max()))
         np.add.at(self._groups, o, 1)
@@ -300,10 +295,6 @@ class PoolState:
         self.step = max(self.step, int(obs.step.max()))
         for t in self.trackers.values():
             t.observe(self, obs)
-
-    def mean_groups_seen(self) -> float:
-        """Mean groups per prompt over the prompts rolled out at least once (0 before any)."""
-        return self._total_groups / self._seen_prompts if self._seen_prompts else 0.0
 
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:
