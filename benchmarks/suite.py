@@ -17,6 +17,17 @@ harder configuration (a larger pool, 15% wrong labels, a smaller batch). The lea
 arms talk to a live service through the trainer-plugin core; the simulator's run the
 scheduling core in process.
 
+Judged over the whole run too: per arm, held-out accuracy at 25/50/75/100% of the budget
+(uniform's rollouts on the seed) and the worst paired gain over uniform among them, and the
+area under the held-out curve against rollouts with its share of the oracle's area gain,
+(area − uniform's) / (oracle's − uniform's). An arm's ``worst`` in the matrix is the lowest of
+its time and area shares over the worlds, so a target reached early cannot hide a stall
+after it. Coverage per arm (``sim.coverage_row``): the share of rollouts on the top 10% of
+the pool, median and max rollouts per seen prompt, the pool seen per domain, the picks per
+domain in 10 windows of the run and the longest stretch a domain went unpicked. The
+long-horizon worlds (``sim-long``, and the learner worlds at 1,172–1,200 steps) run until
+uniform is still improving at the end; at ``--smoke`` ``sim-long`` keeps 240 steps.
+
 Per world and arm: rollouts to the target, × vs uniform and vs DAPO (paired per seed), the
 share of the oracle's gain (mean and range over seeds), the effective ratio, where the
 groups went (exact pass rate < 0.02, wrong labels, > 0.98), and the Brier score of the
@@ -357,6 +368,8 @@ def main(argv: list[str] | None = None) -> dict:
         if kind == "sim":
             rows, target = run_sim_world(w, opts, arms, args.seeds, args.workers, args.smoke)
         else:
+            if args.smoke:
+                shown.pop("steps", None)  # the learner's own smoke length
             if args.learner_steps is not None:
                 shown["steps"] = args.learner_steps
             rows, target = run_learner_world(w, shown, l_arms, args.learner_seeds, args.workers, args.smoke, out)
