@@ -577,7 +577,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
     picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
-    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: every drawn group)
+    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: the kept groups)
     windows = np.zeros((10, cfg.width + 1))  # groups per level in 10 equal windows of the run
     last_pick = np.full(cfg.width + 1, -1, np.int64)  # per level: the last step it was picked
     gap_max = np.zeros(cfg.width + 1, np.int64)  # per level: the longest run of steps without a pick

@@ -588,7 +588,7 @@ def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
     for s in paired:
         if ("oracle", s) in by:
             u, o, a = by[("uniform", s)]["area"], by[("oracle", s)]["area"], by[(arm, s)]["area"]
-            if o - u > 1e-9:
+            if o - u >= 0.005:  # an oracle gain within the noise would make the share noise
                 shares.append((a - u) / (o - u))
     out["area_gain_share"] = float(np.mean(shares)) if shares else None
     for key in ("top10_share", "median_per_seen", "max_per_seen", "seen_share"):
@@ -597,7 +597,8 @@ def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
     for key in ("unvisited_share_by_domain", "seen_share_by_domain", "rollout_share_by_domain"):
         vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
         if vals:
-            m = np.nanmean(np.array(vals, dtype=np.float64), axis=0)  # None (an empty domain) -> NaN
+            arr = np.array(vals, dtype=np.float64)  # None (an empty domain) -> NaN
+            m = np.where(np.isnan(arr).all(axis=0), np.nan, np.nansum(arr, axis=0) / np.maximum((~np.isnan(arr)).sum(axis=0), 1))
             out[key] = [None if not np.isfinite(x) else round(float(x), 4) for x in m]
     win = [by[(arm, s)]["picks_by_window"] for s in mine if "picks_by_window" in by[(arm, s)]]
     if win:

@@ -338,7 +338,8 @@ class SkillDifficultyModel:
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
         if self.skill_transfer != 1.0:
             base = self.skill_seen_[o].astype(np.float64)
-            self.skill_seen_[o] = self.theta_[new_d] - (self.theta_[old_d] - base)
+            th = self.skill_now()
+            self.skill_seen_[o] = th[new_d] - (th[old_d] - base)
         c = self._moment_contrib(o)
         np.add.at(self.dom_, old_d, -c)
         np.add.at(self.dom_, new_d, c)
