@@ -112,3 +112,17 @@ def test_shared_skill_lifts_an_unvisited_domain_until_its_own_groups_speak():
         o = d0[step * 2: step * 2 + 2]
         off.observe(o, np.zeros(2, np.int64), np.full(2, 8.0), np.full(2, 8.0), np.full(2, step), nan[:2])
     assert off.skill_now()[1] == 0.0
+
+
+def test_probes_take_at_most_a_quarter_of_the_batch_longest_unreported_first():
+    # 16 domains of 10 prompts; domain 0 is reported every step (mixed groups), domains
+    # 1..15 once, all-fail, at steps 1..15 (domain k at step k), then never again.
+    domains = np.repeat(np.arange(16), 10)
+    s = strat.build("default", {"probe_every": 20, "candidate_multiplier": 1e6})
+    pool = _pool(s, 160, domains)
+    for step in range(1, 40):
+        o = [step % 10] + ([10 * step] if step < 16 else [])
+        pool.observe(_obs(o, [8] * len(o), [4, 0][: len(o)], step))
+    d = _plan(s, pool, 8, 40)  # stale: domains 1..15 (gap 25..39 > 20); cap ⌈8/4⌉ = 2
+    picked = set(domains[d.ordinals].tolist()) - {0}
+    assert picked == {1, 2}  # the two longest unreported

@@ -169,8 +169,8 @@ class FrontierParams(StrategyParams):
         0.0,
         ge=0.0,
         le=1e6,
-        description="With reuse_discount: a prompt's first `reuse_free` groups are free; the score is divided by "
-        "((1 + groups) / (1 + reuse_free))^reuse_discount beyond them.",
+        description="With reuse_discount: no discount while a prompt has at most `reuse_free` groups; past that "
+        "its score is divided by ((1 + groups) / (1 + reuse_free))^reuse_discount.",
     )
     probe_every: int = Field(
         0,
@@ -304,29 +304,35 @@ class Frontier(Strategy[FP]):
             last = pool.last_step[cand]
             score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one
         if p.probe_every:
-            score = _probe_stale_domains(score, pool.domain[cand], tracker.model.theta_step_, req.step, p.probe_every)
+            score = _probe_stale_domains(
+                score, pool.domain[cand], tracker.model.theta_step_, step, p.probe_every, max(1, -(-B // 4))
+            )
         k_u = int(round(p.uniform_share * B)) if p.uniform_share else 0
         top = selection.top_k(score, B - k_u)
         if k_u:
             rest = np.ones(cand.size, bool)
             rest[top] = False
-            if tracker.model.latent:
-                qs, qv = tracker.latent_probs(pool, cand, step)
-                ok = rest & (qs <= 0.5) & (qv <= 0.5)
-                rest = ok if ok.sum() >= k_u else rest
             pick = np.flatnonzero(rest)
-            top = np.r_[top, rng.choice(pick, size=min(k_u, pick.size), replace=False)]
+            if tracker.model.latent:  # those not held stuck or solved first, then the rest
+                qs, qv = tracker.latent_probs(pool, cand[pick], step)
+                ok = (qs <= 0.5) & (qv <= 0.5)
+                pick = np.r_[rng.permutation(pick[ok]), rng.permutation(pick[~ok])]
+            else:
+                pick = rng.permutation(pick)
+            top = np.r_[top, pick[:k_u]]
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
         return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)
 
 
 def _probe_stale_domains(
-    score: np.ndarray, dom: np.ndarray, last_report: np.ndarray, step: int, every: int
+    score: np.ndarray, dom: np.ndarray, last_report: np.ndarray, step: int, every: int, cap: int
 ) -> np.ndarray:
-    """``score`` with the best candidate of every stale domain (no report of its skill for
+    """``score`` with the best candidate of each stale domain (no report of its skill for
     more than ``every`` steps; never reported counts from step −1) lifted above every other
-    candidate (its rank among the lifted keeps its score's order)."""
+    candidate — at most ``cap`` domains, the longest unreported first (ties: the better
+    candidate). Until the probe's report arrives the domain stays stale, so a trainer that
+    plans ahead probes it once per plan in flight."""
     K = last_report.shape[0]
     d = dom.astype(np.int64)
     gap = step - last_report  # −1 for a domain never reported
@@ -336,8 +342,11 @@ def _probe_stale_domains(
     idx = np.flatnonzero(stale)
     order = idx[np.argsort(-score[idx], kind="stable")]
     _, first = np.unique(d[order], return_index=True)
+    best = order[first]  # one candidate per stale domain
+    if best.size > cap:
+        best = best[np.lexsort((-score[best], -gap[d[best]]))[:cap]]
     out = score.copy()
-    out[order[first]] = score[order[first]] + 1e6  # above every other score (all are ≤ 1 here)
+    out[best] = score[best] + 1e6  # above every other score (all are ≤ 1 here)
     return out
 
 
@@ -752,8 +761,8 @@ class DefaultParams(FrontierParams):
         1.0,
         ge=0.0,
         le=4.0,
-        description="Diminishing returns of re-use (default 1): beyond its first `reuse_free` groups a candidate's "
-        "score is divided by ((1 + groups) / (1 + reuse_free))^reuse_discount; 0: off.",
+        description="Diminishing returns of re-use (default 1): a candidate with more than `reuse_free` groups has "
+        "its score divided by ((1 + groups) / (1 + reuse_free))^reuse_discount; 0: off.",
     )
     reuse_free: float = Field(
         8.0, ge=0.0, le=1e6, description="Groups of a prompt before re-use is discounted (default 8)."
@@ -773,8 +782,8 @@ class Default(Frontier[DefaultParams]):
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
         "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, a "
         "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
-        "a probe of every domain left without a report for 50 steps, and diminishing returns of re-use past a "
-        "prompt's 8th group."
+        "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), and "
+        "diminishing returns of re-use once a prompt has had more than 8 groups."
     )
     Params = DefaultParams
 
