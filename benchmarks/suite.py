@@ -303,8 +303,9 @@ def merge(paths: list[Path], out: Path) -> dict:
     # A world's target is recomputed over all its pooled runs (the same uniform runs give the same target).
     for w in worlds:
         rows = [r for r in runs if r["world"] == w]
-        if worlds[w]["kind"] == "sim":
-            worlds[w]["target"] = sim.auto_target(rows)
+        if all("curve" in r for r in rows):
+            # Runs of one learner world pooled from several invocations had each their own target.
+            worlds[w]["target"] = sim.auto_target(rows, **({} if worlds[w]["kind"] == "sim" else {"digits": 3}))
             for r in rows:
                 r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], worlds[w]["target"])
         sim.budget_metrics(rows)

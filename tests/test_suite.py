@@ -166,3 +166,22 @@ def test_suite_smoke_covers_a_long_horizon_world(tmp_path):
         assert len(by[arm]["picks_by_window"]) == 10
     assert by["oracle"]["area_gain_share"] == pytest.approx(1.0)
     assert by["uniform"]["top10_share"] < by["oracle"]["top10_share"]  # uniform spreads its rollouts
+
+
+def test_merge_gives_a_pooled_learner_world_one_target(tmp_path):
+    def run(arm, seed, accs):
+        return {"arm": arm, "seed": seed, "rollouts": 400, "effective_ratio": 0.5, "final_accuracy": accs[-1],
+                "wall_s": 0.0, "curve": [(i, 100 * i, a) for i, a in enumerate(accs)], "rollouts_to_target": 1}
+    files = []
+    for k, runs, target in ((0, [run("uniform", 0, [0.2, 0.3, 0.4, 0.5, 0.6]), run("oracle", 0, [0.2, 0.6, 0.7, 0.8, 0.9])], 0.5),
+                            (1, [run("a", 0, [0.2, 0.3, 0.5, 0.6, 0.6])], 0.99)):
+        d = tmp_path / str(k) / "learner-long"
+        d.mkdir(parents=True)
+        (d / "learner.json").write_text(json.dumps({"runs": runs, "target": target, "config": {"steps": 4}}))
+        files.append(str(d / "learner.json"))
+    res = suite.main(["--merge", ",".join(files), "--out", str(tmp_path / "m")])
+    t = res["worlds"]["learner-long"]["target"]
+    assert t == pytest.approx(round(0.2 + 0.75 * 0.4, 3))  # one target from uniform's runs, not the files'
+    by = {r["arm"]: r for r in res["runs"]}
+    assert by["a"]["rollouts_to_target"] == 200 and by["uniform"]["rollouts_to_target"] == 300
+    assert by["oracle"]["rollouts_to_target"] == 100
