@@ -577,10 +577,6 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
     picks = np.zeros(cfg.prompts, np.int64)  # how often each prompt was trained on
-    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: the kept groups)
-    windows = np.zeros((10, cfg.width + 1))  # groups per level in 10 equal windows of the run
-    last_pick = np.full(cfg.width + 1, -1, np.int64)  # per level: the last step it was picked
-    gap_max = np.zeros(cfg.width + 1, np.int64)  # per level: the longest run of steps without a pick
     # Exact pass rates (teacher forcing, not rollouts) of the prompts each step trained on
     # (DAPO: the kept groups): where the batch sat — too hard (p < 0.02), in reach, or
     # solved (p > 0.98).
@@ -589,6 +585,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     # 3 all-pass groups in a row, against what uniform sampling would give them.
     own = sim.OwnEvidence(cfg.prompts)
     level = np.asarray(world.pool.level, np.int64)
+    coverage = sim.CoverageTracker(cfg.prompts, level, cfg.width + 1, cfg.steps)  # DAPO: the kept groups
     calib = sim.Calibration(cfg.prompts, cfg.width + 1)
     cur = None  # the service arms' plan of this step, when it was fetched ahead
 
@@ -683,11 +680,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         informative += step_inf
         digests.append(step_digest[0] if len(step_digest) == 1 else ",".join(step_digest))
         if idx.size:
-            np.add.at(rolled, idx, counts)
-            lv_picked = np.unique(level[idx])
-            np.add.at(windows, (min(step * 10 // cfg.steps, 9), level[idx]), 1.0)
-            gap_max[lv_picked] = np.maximum(gap_max[lv_picked], step - last_pick[lv_picked] - 1)
-            last_pick[lv_picked] = step
+            coverage.add(step, idx, counts)
             model.eval()
             tp = exact(idx)
             np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
@@ -720,9 +713,8 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     by_level = {int(lv): float(acc[world.heldout.level == lv].mean()) for lv in np.unique(world.heldout.level)}
     bins = true_p_bins.sum(axis=0)
     n_bins = max(int(bins.sum()), 1)
-    gap_max = np.maximum(gap_max, cfg.steps - last_pick - 1)
     return {
-        **sim.coverage_row(rolled, level, windows, gap_max / max(cfg.steps, 1)),
+        **coverage.row(),
         "arm": arm,
         "seed": seed,
         "rollouts": used,
@@ -806,7 +798,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--smoke", action="store_true", help="tiny: 1 seed, 3 arms, few steps (CI)")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed … first-seed + seeds − 1 (to add seeds to an earlier run)")
+    ap.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds first-seed … first-seed + seeds − 1 (to add seeds to an earlier run)",
+    )
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)

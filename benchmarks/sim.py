@@ -249,6 +249,33 @@ def coverage_row(rolled: np.ndarray, domain: np.ndarray, windows: np.ndarray, un
     }
 
 
+class CoverageTracker:
+    """A run's picks, for ``coverage_row``: rollouts per prompt, and the (step, domain) of
+    every group, windowed and gapped by the service's own definitions
+    (``coverage.window_index``, ``coverage.unvisited_share``)."""
+
+    def __init__(self, prompts: int, domain: np.ndarray, n_domains: int, steps: int) -> None:
+        self.rolled = np.zeros(prompts, np.int64)
+        self.domain, self.n_domains, self.steps = domain, n_domains, steps
+        self.picks: list[tuple[int, np.ndarray]] = []
+
+    def add(self, step: int, idx: np.ndarray, n: np.ndarray) -> None:
+        np.add.at(self.rolled, idx, np.asarray(n, np.int64))
+        self.picks.append((step, self.domain[idx]))
+
+    def row(self) -> dict:
+        s = (
+            np.concatenate([np.full(d.size, t, np.int64) for t, d in self.picks])
+            if self.picks
+            else np.zeros(0, np.int64)
+        )
+        d = np.concatenate([d for _, d in self.picks]).astype(np.int64) if self.picks else np.zeros(0, np.int64)
+        windows = np.zeros((10, self.n_domains))
+        np.add.at(windows, (cov.window_index(s, self.steps), d), 1.0)
+        unvisited = cov.unvisited_share(s, d, self.n_domains, self.steps)
+        return coverage_row(self.rolled, self.domain, windows, np.asarray(unvisited))
+
+
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 
 
@@ -321,10 +348,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     # Where the trained groups sat: exact pass rate < 0.02, in between, > 0.98; broken; trivial.
     where = np.zeros(5)
     groups_total = 0
-    rolled = np.zeros(cfg.prompts, np.int64)  # rollouts per prompt (DAPO: the kept groups)
-    windows = np.zeros((10, cfg.domains))  # groups per domain in 10 equal windows of the run
-    last_pick = np.full(cfg.domains, -1, np.int64)
-    gap_max = np.zeros(cfg.domains, np.int64)  # per domain: the longest run of steps without a pick
+    coverage = CoverageTracker(cfg.prompts, learner.domain, cfg.domains, cfg.steps)  # DAPO: the kept groups
     curve = []
     reached = None
     t0 = time.perf_counter()
@@ -377,12 +401,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             where[4] += learner.trivial[idx].sum()
             groups_total += idx.size
             calib.add(idx, n, k, learner.domain, predicted)
-            np.add.at(rolled, idx, n.astype(np.int64))
-            dom = learner.domain[idx]
-            np.add.at(windows, (min(step * 10 // cfg.steps, 9), dom), 1.0)
-            picked = np.unique(dom)
-            gap_max[picked] = np.maximum(gap_max[picked], step - last_pick[picked] - 1)
-            last_pick[picked] = step
+            coverage.add(step, idx, n)
         if strategy is not None:
             pool.observe(_observations(idx, n, k, step))
         learner.train(idx, n, k, B)
@@ -392,9 +411,8 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             if reached is None and acc >= target:
                 reached = used
     share = where / max(groups_total, 1)
-    gap_max = np.maximum(gap_max, cfg.steps - last_pick - 1)
     return {
-        **coverage_row(rolled, learner.domain, windows, gap_max / max(cfg.steps, 1)),
+        **coverage.row(),
         "arm": arm,
         "seed": cfg.seed,
         "rollouts_to_target": reached,
@@ -598,7 +616,9 @@ def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
         vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
         if vals:
             arr = np.array(vals, dtype=np.float64)  # None (an empty domain) -> NaN
-            m = np.where(np.isnan(arr).all(axis=0), np.nan, np.nansum(arr, axis=0) / np.maximum((~np.isnan(arr)).sum(axis=0), 1))
+            m = np.where(
+                np.isnan(arr).all(axis=0), np.nan, np.nansum(arr, axis=0) / np.maximum((~np.isnan(arr)).sum(axis=0), 1)
+            )
             out[key] = [None if not np.isfinite(x) else round(float(x), 4) for x in m]
     win = [by[(arm, s)]["picks_by_window"] for s in mine if "picks_by_window" in by[(arm, s)]]
     if win:

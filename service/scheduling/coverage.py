@@ -85,12 +85,18 @@ def picks_over_time(
 
 def unvisited_share(steps: np.ndarray, domain: np.ndarray, n_domains: int, total_steps: int) -> list[float]:
     """Per domain, the longest run of consecutive steps with no pick of the domain, as a
-    share of the run's steps (before its first pick and after its last count too)."""
-    s = np.asarray(steps, np.int64)
-    d = np.asarray(domain, np.int64)
-    out = []
-    for k in range(n_domains):  # a loop over domains, not prompts (a handful)
-        st = np.unique(s[d == k])
-        edges = np.r_[-1, st, total_steps]
-        out.append(float((np.diff(edges) - 1).max() / max(total_steps, 1)))
-    return out
+    share of the run's steps (before its first pick and after its last count too; 1 for a
+    domain never picked). One sort of the distinct (domain, step) pairs, no loop."""
+    T = int(total_steps)
+    span = T + 2
+    key = np.unique(np.asarray(domain, np.int64) * span + (np.asarray(steps, np.int64) + 1))
+    d, s = key // span, key % span - 1
+    gap = np.full(n_domains, float(T))  # never picked: every step
+    if key.size:
+        first = np.r_[True, d[1:] != d[:-1]]
+        last = np.r_[d[1:] != d[:-1], True]
+        gap[d[first]] = s[first]  # before the first pick
+        inner = ~first
+        np.maximum.at(gap, d[inner], (s[inner] - s[np.flatnonzero(inner) - 1] - 1).astype(np.float64))
+        np.maximum.at(gap, d[last], (T - s[last] - 1).astype(np.float64))
+    return (gap / max(T, 1)).tolist()
