@@ -124,6 +124,7 @@ class LearnerConfig:
     reporters: int = 1  # data-parallel ranks: each reports its share of the step's groups
     sync: bool = False  # the synchronous client instead of the plugin scheduler (same order of calls)
     prefetch: bool = True  # plan step k + 1 while step k trains (False: after step k is reported)
+    send_domains: bool = True  # False: prompts are sent with their text and no domain (the level)
 
     def warmup_key(self, seed: int) -> str:
         keys = (
@@ -545,7 +546,10 @@ def run_arm(job: dict) -> dict:
         "min_rollouts": 1,
         "max_rollouts": max(64, n0),
     }
-    prompts = [{"domain": f"L{lv}", "text": text} for lv, text in zip(world.pool.level, world.texts)]
+    prompts = [
+        {"domain": f"L{lv}", "text": text} if cfg.send_domains else {"text": text}
+        for lv, text in zip(world.pool.level, world.texts)
+    ]
     with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url:
         if arm == "dapo" or cfg.sync:
             with Client(url, timeout=120) as rp:
@@ -830,6 +834,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="plan step k only once step k-1 is reported (no lookahead)",
     )
     ap.add_argument(
+        "--no-domains",
+        dest="send_domains",
+        action="store_false",
+        default=None,
+        help="send prompts with their text only, no domain (the level is then only in the text)",
+    )
+    ap.add_argument(
         "--target",
         default="auto",
         help="held-out exact accuracy to reach, or 'auto': 75%% of the "
@@ -852,7 +863,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.arms = args.arms or "uniform,default,oracle"
     over = {
         k: getattr(args, k)
-        for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync", "prefetch")
+        for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync", "prefetch", "send_domains")
         if getattr(args, k) is not None
     }
     cfg = replace(cfg, **over)

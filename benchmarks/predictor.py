@@ -34,40 +34,7 @@ import numpy as np
 
 from ..service.predictor.features import hash_texts
 from ..service.scheduling import strategies as strat
-from .sim import Learner, SimConfig, _observations, arm_strategy
-
-OPS = "+-*"
-OP_COST = np.array([0.0, 0.4, 1.2])
-
-
-def _digits(rng: np.random.Generator, lengths: np.ndarray) -> np.ndarray:
-    """Random integers with the given digit counts (leading digit ≠ 0)."""
-    lo = 10 ** (lengths - 1)
-    return lo + (rng.random(lengths.size) * (9 * lo)).astype(np.int64)
-
-
-def _carries(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    c = np.zeros(a.size, np.int64)
-    carry = np.zeros(a.size, np.int64)
-    for _ in range(7):  # over digit positions, not prompts
-        s = a % 10 + b % 10 + carry
-        carry = (s >= 10).astype(np.int64)
-        c += carry
-        a, b = a // 10, b // 10
-    return c
-
-
-def arithmetic_prompts(rng: np.random.Generator, domain: np.ndarray, noise: float = 0.25):
-    """(texts, difficulty within the domain) of one synthetic prompt per entry of ``domain``."""
-    P = domain.size
-    la, lb = rng.integers(1, 7, P), rng.integers(1, 7, P)
-    op = rng.integers(0, 3, P)
-    a, b = _digits(rng, la), _digits(rng, lb)
-    diff = 0.3 * (la + lb - 2) + OP_COST[op] + 0.15 * _carries(a, b) + noise * rng.standard_normal(P)
-    texts = [f"[domain {d}] What is {x} {OPS[o]} {y}?" for d, x, o, y in zip(domain.tolist(), a.tolist(),
-                                                                             op.tolist(), b.tolist())]
-    return texts, diff
-
+from .sim import Learner, SimConfig, _observations, arithmetic_prompts, arm_strategy
 
 def make_world(cfg: SimConfig) -> tuple[Learner, list[str]]:
     rng = np.random.default_rng(cfg.seed)

@@ -61,6 +61,16 @@ class SimConfig:
     spread: str = "gamma"  # difficulty inside a domain: gamma (heavy right tail), normal (light), lognormal (heavier)
     domain_offsets: float = 2.5  # range of the domains' mean difficulties (0: domains say nothing about difficulty)
     heldout: int = 2_000
+    # What prompts carry besides their domain (the text worlds): "none"; "arith", an
+    # arithmetic question whose digit counts, operator and carries set the difficulty inside
+    # the domain (``arithmetic_prompts``) with ``text_noise`` of it that the text does not
+    # tell; "embed", no text but an embedding of ``embed_dim`` dimensions, a noisy random
+    # projection of the latent attributes (difficulty, never/always passes).
+    text: str = "none"
+    text_noise: float = 0.5
+    embed_dim: int = 64
+    embed_noise: float = 1.0
+    send_domains: bool = True  # False: every prompt is sent without a domain (one domain)
     seed: int = 0
 
 
@@ -74,6 +84,43 @@ def _spread(kind: str, rng: np.random.Generator, n: int) -> np.ndarray:
         s2 = np.log(1.0 + 2.0 / 4.0)  # lognormal with mean 2, variance 2
         return rng.lognormal(np.log(2.0) - s2 / 2, np.sqrt(s2), n)
     raise ValueError(f"unknown spread {kind!r}")
+
+
+OPS = "+-*"
+OP_COST = np.array([0.0, 0.4, 1.2])
+
+
+def _digits(rng: np.random.Generator, lengths: np.ndarray) -> np.ndarray:
+    """Random integers with the given digit counts (leading digit ≠ 0)."""
+    lo = 10 ** (lengths - 1)
+    return lo + (rng.random(lengths.size) * (9 * lo)).astype(np.int64)
+
+
+def _carries(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    c = np.zeros(a.size, np.int64)
+    carry = np.zeros(a.size, np.int64)
+    for _ in range(7):  # over digit positions, not prompts
+        s = a % 10 + b % 10 + carry
+        carry = (s >= 10).astype(np.int64)
+        c += carry
+        a, b = a // 10, b // 10
+    return c
+
+
+def arithmetic_prompts(rng: np.random.Generator, domain: np.ndarray, noise: float = 0.25):
+    """(texts, difficulty within the domain) of one synthetic prompt per entry of ``domain``:
+    "[domain k] What is 4821 * 93?", harder with more digits, a harder operator and more
+    carries, plus ``noise`` (sd) that the text does not tell."""
+    P = domain.size
+    la, lb = rng.integers(1, 7, P), rng.integers(1, 7, P)
+    op = rng.integers(0, 3, P)
+    a, b = _digits(rng, la), _digits(rng, lb)
+    diff = 0.3 * (la + lb - 2) + OP_COST[op] + 0.15 * _carries(a, b) + noise * rng.standard_normal(P)
+    texts = [
+        f"[domain {d}] What is {x} {OPS[o]} {y}?"
+        for d, x, o, y in zip(domain.tolist(), a.tolist(), op.tolist(), b.tolist())
+    ]
+    return texts, diff
 
 
 class Learner:
@@ -91,6 +138,20 @@ class Learner:
         self.skill = np.full(K, 1.0)  # partial competence: the easiest prompts pass
         self.h_domain = rng.integers(0, K, cfg.heldout)
         self.h_difficulty = self.dom_offset[self.h_domain] + _spread(cfg.spread, rng, cfg.heldout)
+        self.texts: list[str] | None = None
+        self.embeddings: np.ndarray | None = None
+        if cfg.text == "arith":
+            # The difficulty inside a domain is what the text tells plus what it does not.
+            self.texts, within = arithmetic_prompts(rng, self.domain, cfg.text_noise)
+            self.difficulty = self.dom_offset[self.domain] + within
+            _, h_within = arithmetic_prompts(rng, self.h_domain, cfg.text_noise)
+            self.h_difficulty = self.dom_offset[self.h_domain] + h_within
+        elif cfg.text == "embed":
+            attrs = np.c_[self.difficulty, 3.0 * self.broken, 3.0 * self.trivial]
+            proj = rng.standard_normal((attrs.shape[1], cfg.embed_dim))
+            self.embeddings = attrs @ proj + cfg.embed_noise * rng.standard_normal((P, cfg.embed_dim))
+        elif cfg.text != "none":
+            raise ValueError(f"unknown text kind {cfg.text!r}")
 
     def pass_rate(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         d = self.domain[idx]
@@ -163,13 +224,36 @@ class Calibration:
         self.sq = np.zeros(3)  # brier, brier_beta, brier_domain
         self.groups = 0
         self.has_predictions = False
+        # Never-seen prompts' first groups: squared errors (prediction, level mean) and the
+        # (prediction, exact pass rate) pairs for a rank correlation.
+        self.first_sq = np.zeros(2)
+        self.first_pred: list[np.ndarray] = []
+        self.first_true: list[np.ndarray] = []
 
     def add(
-        self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, level: np.ndarray, predicted: np.ndarray | None = None
+        self,
+        idx: np.ndarray,
+        n: np.ndarray,
+        k: np.ndarray,
+        level: np.ndarray,
+        predicted: np.ndarray | None = None,
+        true_p: np.ndarray | None = None,
     ) -> None:
         if idx.size == 0:
             return
         obs = k / n
+        if predicted is not None:
+            first = (self.n[idx] == 0) & np.isfinite(predicted)
+            if first.any():
+                lv0 = level[idx[first]]
+                dom0 = np.where(self.lvl[lv0, 1] > 0, self.lvl[lv0, 0] / np.maximum(self.lvl[lv0, 1], 1), 0.5)
+                self.first_sq += [
+                    float(np.sum((predicted[first] - obs[first]) ** 2)),
+                    float(np.sum((dom0 - obs[first]) ** 2)),
+                ]
+                self.first_pred.append(predicted[first])
+                if true_p is not None:
+                    self.first_true.append(true_p[first])
         beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
         lv = level[idx]
         dom = np.where(self.lvl[lv, 1] > 0, self.lvl[lv, 0] / np.maximum(self.lvl[lv, 1], 1), 0.5)
@@ -190,10 +274,61 @@ class Calibration:
 
     def result(self) -> dict:
         g = max(self.groups, 1)
+        f = sum(a.size for a in self.first_pred)
+        rho = None
+        if self.first_true and f >= 10:
+            from scipy.stats import spearmanr
+
+            r = spearmanr(np.concatenate(self.first_pred), np.concatenate(self.first_true)).statistic
+            rho = float(r) if np.isfinite(r) else None
         return {
             "brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
             "brier_beta": float(self.sq[1] / g) if self.groups else None,
             "brier_domain": float(self.sq[2] / g) if self.groups else None,
+            # Never-seen prompts' first groups: the arm's prediction and the level's running mean.
+            "first_groups": f,
+            "brier_first": float(self.first_sq[0] / f) if f else None,
+            "brier_first_domain": float(self.first_sq[1] / f) if f else None,
+            "spearman_first": rho,
+        }
+
+
+class UnseenRank:
+    """How well an arm ranks the prompts it has never rolled out, at the evaluation
+    checkpoints past the first tenth of the run: Spearman's ρ between its predicted pass
+    rate and the exact one, over up to 2,000 never-seen prompts (not ones it picked: its
+    picks are a range-restricted sample), overall and within a domain (the mean over
+    domains; what the domain mean cannot know), averaged over checkpoints."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed + 77)
+        self.rho: list[float] = []
+        self.rho_within: list[float] = []
+
+    def add(self, strategy, pool: PoolState, learner: Learner, step: int) -> None:
+        from scipy.stats import spearmanr
+
+        unseen = np.flatnonzero(pool.groups == 0)
+        if unseen.size < 50:
+            return
+        idx = np.sort(self.rng.choice(unseen, min(2_000, unseen.size), replace=False))
+        pred = strategy.predict(pool, idx, step)
+        true = learner.pass_rate(idx)
+        if np.ptp(pred) <= 0 or np.ptp(true) <= 0:
+            return
+        self.rho.append(float(spearmanr(pred, true).statistic))
+        within = []
+        for d in np.unique(learner.domain[idx]).tolist():  # over domains, not prompts
+            m = learner.domain[idx] == d
+            if m.sum() >= 20 and np.ptp(pred[m]) > 0 and np.ptp(true[m]) > 0:
+                within.append(float(spearmanr(pred[m], true[m]).statistic))
+        if within:
+            self.rho_within.append(float(np.mean(within)))
+
+    def result(self) -> dict:
+        return {
+            "spearman_unseen": float(np.mean(self.rho)) if self.rho else None,
+            "spearman_unseen_within_domain": float(np.mean(self.rho_within)) if self.rho_within else None,
         }
 
 
@@ -341,7 +476,11 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     name = spec["name"]
     strategy = None if arm in BASELINE_ARMS else strat.build(name, spec["params"])
     pool = strategy.make_pool() if strategy else PoolState()
-    pool.set_prompts(np.arange(cfg.prompts), learner.domain, np.full(cfg.prompts, np.nan))
+    sent_domain = learner.domain if cfg.send_domains else np.zeros(cfg.prompts, np.int32)
+    pool.set_prompts(np.arange(cfg.prompts), sent_domain, np.full(cfg.prompts, np.nan))
+    if learner.texts is not None or learner.embeddings is not None:
+        emb = None if learner.embeddings is None else list(learner.embeddings)
+        pool.set_text(np.arange(cfg.prompts), learner.texts, emb)
     calib = Calibration(cfg.prompts, cfg.domains)
     own = OwnEvidence(cfg.prompts)
     used = informative = 0
@@ -351,6 +490,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     coverage = CoverageTracker(cfg.prompts, learner.domain, cfg.domains, cfg.steps)  # DAPO: the kept groups
     curve = []
     reached = None
+    unseen_rank = UnseenRank(cfg.seed)
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         predicted = None
@@ -400,7 +540,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             where[3] += learner.broken[idx].sum()
             where[4] += learner.trivial[idx].sum()
             groups_total += idx.size
-            calib.add(idx, n, k, learner.domain, predicted)
+            calib.add(idx, n, k, learner.domain, predicted, tp)
             coverage.add(step, idx, n)
         if strategy is not None:
             pool.observe(_observations(idx, n, k, step))
@@ -410,6 +550,8 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             curve.append((step, used, acc))
             if reached is None and acc >= target:
                 reached = used
+            if strategy is not None and step >= cfg.steps // 10:
+                unseen_rank.add(strategy, pool, learner, step)
     share = where / max(groups_total, 1)
     return {
         **coverage.row(),
@@ -425,6 +567,7 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
         "batch_share_trivial": float(share[4]),
         **own.result(),
         **calib.result(),
+        **unseen_rank.result(),
         "wall_s": time.perf_counter() - t0,
         "curve": curve,
     }

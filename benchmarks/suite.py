@@ -89,6 +89,23 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
         "memorised pass teaches only at the prompt's own difficulty), 3,000 steps",
         dict(prompts=100_000, steps=3_000, batch=128, domain_offsets=5.0, lr=0.0005, memo_teaches=0.0),
     ),
+    "sim-text": (
+        "sim",
+        "50k prompts, 8 domains, arithmetic questions as text whose digit counts, operator and carries set "
+        "the difficulty inside the domain, with half a unit (sd) of it the text does not tell",
+        dict(prompts=50_000, steps=800, batch=128, text="arith", text_noise=0.5),
+    ),
+    "sim-text-nodomain": (
+        "sim",
+        "sim-text with every prompt sent without a domain (the domain is only in the text, \"[domain k] …\")",
+        dict(prompts=50_000, steps=800, batch=128, text="arith", text_noise=0.5, send_domains=False),
+    ),
+    "sim-embed": (
+        "sim",
+        "sim-base with an embedding per prompt and no text: 64 dimensions, a noisy random projection of "
+        "its difficulty and whether it never or always passes",
+        dict(prompts=50_000, steps=800, batch=128, text="embed"),
+    ),
     "learner": (
         "learner",
         "GRPO on a transformer, addition up to 8 digits, 2,000 prompts, 5% wrong labels, "
@@ -104,6 +121,11 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
         "learner",
         "the learner as users try it: 2,000 prompts, 10% wrong labels, batch 32 × 8, 1,172 steps (300k rollouts)",
         dict(broken=0.10, steps=1_172),
+    ),
+    "learner-text": (
+        "learner",
+        "learner-long with prompts sent as their text (the digit pairs) and no domain: the level is only in the text",
+        dict(broken=0.10, steps=1_172, send_domains=False),
     ),
 }
 SMOKE_SIM = dict(prompts=3_000, steps=60, batch=32)
@@ -147,7 +169,10 @@ def run_learner_world(
     if smoke:
         argv.append("--smoke")
     for k, v in opts.items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
+        if k == "send_domains":
+            argv += [] if v else ["--no-domains"]
+        else:
+            argv += [f"--{k.replace('_', '-')}", str(v)]
     res = learner.main(argv)
     rows = res["runs"]
     for r in rows:

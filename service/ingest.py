@@ -260,6 +260,8 @@ class Ingest:
             upd_dom = [a[0] for a in after]
             upd_pr = [a[1] for a in after]
             upd_st = [a[2] for a in after]
+            upd_tx = [a[3] for a in after]
+            upd_em = [a[4] for a in after]
             run.n_prompts += k
             run.prompt_version = version
             event = None
@@ -275,6 +277,8 @@ class Ingest:
                     domains=upd_dom + list(domains),
                     priors=ev_priors,
                     strengths=ev_strengths,
+                    texts=upd_tx + list(cols.get("text", none)),
+                    embeddings=upd_em + list(cols.get("embedding", none)),
                 )
                 repo.insert_prompt_events(s, run.pk, seq, event, n_upd)
         if event is not None:
@@ -300,4 +304,4 @@ class Ingest:
         strengths[at] = np.minimum(a + b, WARM_START_MAX_STRENGTH)
 
 
-SCHED = frozenset({"domain", "prior_pass_rate", "prior_strength"})
+SCHED = frozenset({"domain", "prior_pass_rate", "prior_strength", "text", "embedding"})

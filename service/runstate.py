@@ -70,6 +70,9 @@ class PromptsEvent:
     domains: list[str | None]
     priors: np.ndarray  # float64, NaN: none
     strengths: np.ndarray  # float64, NaN: none
+    # The text and embedding as written (None: none; the list None: not carried).
+    texts: list[str | None] | None = None
+    embeddings: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +363,8 @@ class RunState:
         codes = self.domain_codes
         dom = np.fromiter((codes.setdefault(d, len(codes)) for d in e.domains), np.int32, len(e.domains))
         self.pool.set_prompts(e.ordinals, dom, e.priors, e.strengths)
+        if e.texts is not None or e.embeddings is not None:
+            self.pool.set_text(e.ordinals, e.texts, e.embeddings)
 
     def _hold(self, e: ReportEvent) -> None:
         lo, hi = self.reward_range

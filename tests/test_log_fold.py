@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from rollplan.service.config import Settings
 from rollplan.service.scheduling import strategies as strat
 
 P, STEPS, BATCH, GROUPS, N = 24, 4, 4, 6, 4
+PT, GT = 90, 30  # the text scenario: enough seen prompts for the text prior to fit
 NAMES = sorted(strat.REGISTRY)
 
 
@@ -83,32 +85,46 @@ def _ok(r, *codes):
     return r.json()
 
 
-def drive(scn: dict, name: str, run_id: str, pick, chunked: bool) -> None:
-    """The trainer's requests; ``pick(i)`` is the client that sends request i."""
+def drive(scn: dict, name: str | dict, run_id: str, pick, chunked: bool, text: bool = False) -> None:
+    """The trainer's requests; ``pick(i)`` is the client that sends request i. ``name``: a
+    strategy's name or its spec; ``text``: a larger pool whose prompts carry text and
+    embeddings, and whose update changes some of them."""
     rng = np.random.default_rng(scn["seed"])
     calls = iter(range(10**6))
+    pool, groups_per_step = (PT, GT) if text else (P, GROUPS)
 
     def send(method: str, path: str, body: dict, *codes):
         return _ok(getattr(pick(next(calls)), method)(path, json=body), *codes)
 
     base = f"/v1/runs/{run_id}"
-    send("put", base, {"strategy": {"name": name}, "rollouts_per_prompt": N}, 201)
-    prompts = [{"id": f"p{i}", "domain": f"d{i % 3}"} for i in range(P)]
+    spec = {"name": name} if isinstance(name, str) else name
+    send("put", base, {"strategy": spec, "rollouts_per_prompt": N}, 201)
+    true_p = rng.uniform(0, 1, pool)
+    prompts = [{"id": f"p{i}", "domain": f"d{i % 3}"} for i in range(pool)]
+    if text:  # text and embeddings that tell the pass rate, roughly
+        for i, p in enumerate(prompts):
+            p["text"] = "x " * int(1 + 8 * true_p[i]) + f"item {i % 7}"
+            if i % 2:
+                p["embedding"] = [round(float(true_p[i]), 3), round(float(rng.normal()), 3), 0.5]
     send("post", f"{base}/prompts", {"prompts": prompts})
-    moved = rng.choice(P, 6, replace=False).tolist()
+    moved = rng.choice(pool, 6, replace=False).tolist()
     priors = rng.uniform(0.05, 0.95, 6).round(3).tolist()
-    true_p = rng.uniform(0, 1, P)
     for step in range(STEPS):
         send("post", f"{base}/plans", {"batch_size": BATCH, "step": step}, 201)
         if step == scn["update_step"]:
             update = [{"id": f"p{o}", "domain": f"d{(o + 1) % 3}", "prior_pass_rate": pr} for o, pr in zip(moved, priors)]
+            if text:  # new text for some, a new embedding for others, text only for one more
+                for j, u in enumerate(update):
+                    u["text" if j % 2 else "embedding"] = f"changed {j}" if j % 2 else [0.1 * j, 0.0, 1.0]
+                other = next(o for o in range(pool) if o not in moved)
+                update.append({"id": f"p{other}", "text": "only the text changed"})
             send("post", f"{base}/prompts", {"prompts": update})
         if step == scn["change_step"]:
             send("post", f"{base}/strategy", {"strategy": {"name": scn["change_to"]}})
-        ords = rng.choice(P, GROUPS)
+        ords = rng.choice(pool, groups_per_step)
         groups = [{"prompt_id": f"p{o}", "rewards": (rng.random(N) < true_p[o]).astype(int).tolist()} for o in ords]
         k = scn["chunks"][step] if chunked else 1
-        parts = [list(x) for x in np.array_split(np.arange(GROUPS), k) if len(x)]
+        parts = [list(x) for x in np.array_split(np.arange(groups_per_step), k) if len(x)]
         if chunked:
             rng_chunks = np.random.default_rng(scn["seed"] + step)
             rng_chunks.shuffle(parts)
@@ -149,3 +165,30 @@ def test_live_replica_restart_and_chunking_agree(two_dbs, clients, name, scn):
     assert plan_items(b3, run_id, STEPS) == plan_items(a, run_id, STEPS)
     assert plan_items(b2, run_id, STEPS + 1) == plan_items(a, run_id, STEPS + 1)
     assert observed(b1, run_id) == observed(a, run_id)
+
+
+TEXT_SPEC = {"name": "default", "params": {"text_prior_every": 1}}
+
+
+@settings(max_examples=2, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(scn=scenarios())
+def test_text_prior_live_replica_restart_and_chunking_agree(two_dbs, clients, scn):
+    """``default``'s text prior refits inside the fold from prompts' text and embeddings
+    (an update changes some of them): live, replica, restart and the one-report run agree
+    exactly, and the prior was fitted and is in force."""
+    scn = {**scn, "change_step": STEPS}  # the text prior's strategy throughout
+    url_a, url_b = two_dbs
+    run_id = "t" + uuid.uuid4().hex[:12]  # examples may repeat a scenario (change_step is fixed here)
+    a = clients.make(url_a)
+    b1, b2 = clients.make(url_b), clients.make(url_b)
+    drive(scn, TEXT_SPEC, run_id, lambda i: a, chunked=False, text=True)
+    drive(scn, TEXT_SPEC, run_id, lambda i: (b1, b2)[i % 2], chunked=True, text=True)
+    b3 = clients.make(url_b)
+    want = observed(a, run_id)
+    tp = want["strategy_state"]["text_prior"]
+    assert tp["training_prompts"] >= 10 and tp["window"] == STEPS - 1, tp
+    for c in (b1, b2, b3):
+        assert observed(c, run_id) == want
+    assert plan_items(b3, run_id, STEPS) == plan_items(a, run_id, STEPS)
+    assert plan_items(b2, run_id, STEPS + 1) == plan_items(a, run_id, STEPS + 1)

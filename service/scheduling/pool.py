@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from .beta import BetaPosterior
+from .textprior import PromptText
 from .util import grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
 
 T = TypeVar("T")
@@ -88,7 +89,11 @@ class PoolState:
     eb_min_prompts: int = 5
     eb_max_strength: float = 20.0
     use_predictor: bool = False
+    # Keep prompts' text and embedding features (``textprior.PromptText``) for a strategy
+    # that reads them (``default``'s text prior); None otherwise.
+    use_text: bool = False
     trackers: dict[str, Tracker] = field(default_factory=dict)
+    text: PromptText | None = None
 
     size: int = 0
     n_domains: int = 1
@@ -119,6 +124,14 @@ class PoolState:
 
     def __post_init__(self) -> None:
         self.beta = BetaPosterior(self.forgetting)
+        if self.use_text and self.text is None:
+            self.text = PromptText()
+
+    def set_text(self, ordinals: np.ndarray, texts: list | None, embeddings: list | None) -> None:
+        """Prompts' text and embeddings (None entries: not given), kept only when the
+        strategy reads them (``use_text``)."""
+        if self.text is not None:
+            self.text.set(ordinals, texts, embeddings)
 
     # -- views on the live part -------------------------------------------------
     @property
@@ -195,6 +208,8 @@ class PoolState:
             col = getattr(self, name)
             if col is not None:
                 setattr(self, name, grow(col, new_size, np.nan))
+        if self.text is not None:
+            self.text.grow(new_size)
         dt = small_int_dtype(new_domains)
         if np.iinfo(dt).max > np.iinfo(self._domain.dtype).max:
             self._domain = self._domain.astype(dt)

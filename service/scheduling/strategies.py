@@ -39,6 +39,7 @@ from .base import (  # noqa: F401  (re-exported: the strategies' public names)
 from .hmm import SolveStateHMM
 from .irt import SkillDifficultyModel
 from .pool import PoolState
+from .textprior import TextPrior
 from .trackers import (
     AdaRFTTracker,
     ArmBandit,
@@ -218,6 +219,17 @@ class FrontierParams(StrategyParams):
         description="Use the learned pass-rate predictor (needs the server's [torch] extra) as the prior of "
         "prompts with little history: an unseen prompt's difficulty prior is its domain's mean difficulty minus the predicted logit relative to the domain, with the predictor's variance.",
     )
+    text_prior: bool = Field(
+        False,
+        description="What prompts' text and embeddings tell: a ridge model (numpy, in the fold) of a seen prompt's "
+        "difficulty relative to its domain on hashed n-grams of its text, its length and a projection of its "
+        "embedding, refit every `text_prior_every` steps; while it predicts better than the domain mean, a "
+        "never-seen prompt's difficulty prior is centred on its prediction. No effect on prompts without text or "
+        "embedding.",
+    )
+    text_prior_every: int = Field(
+        25, ge=1, le=100_000, description="Steps between refits of the text prior (a window of the log)."
+    )
 
 
 FP = TypeVar("FP", bound=FrontierParams)
@@ -235,7 +247,7 @@ class Frontier(Strategy[FP]):
 
     def make_pool(self) -> PoolState:
         p = self.params
-        pool = PoolState(use_predictor=p.predictor)
+        pool = PoolState(use_predictor=p.predictor, use_text=p.text_prior)
         model = SkillDifficultyModel(
             skill_drift=p.skill_drift,
             difficulty_drift=p.difficulty_drift,
@@ -245,7 +257,8 @@ class Frontier(Strategy[FP]):
             em=p.em,
             skill_share=p.skill_share,
         )
-        pool.trackers["skill"] = SkillTracker(model)
+        text = TextPrior(every=p.text_prior_every) if p.text_prior else None
+        pool.trackers["skill"] = SkillTracker(model, text)
         return pool
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
@@ -768,6 +781,11 @@ class DefaultParams(FrontierParams):
         8.0, ge=0.0, le=1e6, description="Groups of a prompt before re-use is discounted (default 8)."
     )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
+    text_prior: bool = Field(
+        True,
+        description="What prompts' text and embeddings tell, as the prior of never-seen prompts (default on; "
+        "no effect on prompts without them).",
+    )
     em: bool = Field(
         True,
         description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "

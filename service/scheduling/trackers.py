@@ -12,6 +12,7 @@ from . import bandits, selection
 from .hmm import N_STATES, SolveStateHMM
 from .irt import SkillDifficultyModel, prior_logit
 from .pool import Observations, PoolState
+from .textprior import PromptText, TextPrior
 from .util import grow, occurrence_rank
 
 
@@ -23,10 +24,14 @@ STATE_NAMES = ("unsolved", "partial", "solved")  # the HMM's states, in its orde
 
 
 class SkillTracker:
-    """The item-response skill/difficulty model (``irt``)."""
+    """The item-response skill/difficulty model (``irt``), and with ``text_prior`` the
+    ridge model of what prompts' text and embeddings tell about their difficulty
+    (``textprior``): refit from this model's own estimates at the first report of each
+    window of its ``every`` steps, its predictions the prior of never-seen prompts."""
 
-    def __init__(self, model: SkillDifficultyModel) -> None:
+    def __init__(self, model: SkillDifficultyModel, text_prior: TextPrior | None = None) -> None:
         self.model = model
+        self.text_prior = text_prior
 
     def grow(self, size: int, n_domains: int) -> None:
         self.model.grow(size, n_domains)
@@ -44,17 +49,40 @@ class SkillTracker:
             w * obs.successes,
             obs.step,
             prior_logit(np.asarray(pool.prior_pass_rate[o], np.float64)),
-            pool.predicted_prior(o),
+            self._pred(pool, o),
         )
+        step = int(obs.step.max())
+        tp = self.text_prior
+        if tp is not None and pool.text is not None and pool.text.any and tp.due(step):
+            self._refit(pool, pool.text, tp, step)
 
-    @staticmethod
-    def _prompts(pool: PoolState, idx: np.ndarray) -> dict:
+    def _refit(self, pool: PoolState, text: PromptText, tp: TextPrior, step: int) -> None:
+        m = self.model
+        seen = np.flatnonzero(m.tau_[: pool.size] > 0)
+        seen = seen[np.argsort(m.seen_step_[seen], kind="stable")]  # most recently seen last
+        d = pool.domain[seen]
+        dm, dv = m.domain_difficulty()
+        qs, qv = m.latent_probs(seen, d, step)
+        normal = np.clip(1.0 - qs - qv, 0.0, 1.0)
+        y = dm[d] - m.mu_[seen].astype(np.float64)
+        noise = 1.0 / m.tau_[seen].astype(np.float64)
+        used = np.unique(d)
+        tp.fit(text, seen, y, noise, normal, float(np.mean(dv[used])) if used.size else np.inf, step)
+
+    def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The learned predictor's prior where the pool has one, else the text prior's."""
+        pred = pool.predicted_prior(idx)
+        if pred is None and self.text_prior is not None and pool.text is not None:
+            pred = self.text_prior.predict(pool.text, np.asarray(idx, np.int64))
+        return pred
+
+    def _prompts(self, pool: PoolState, idx: np.ndarray) -> dict:
         """What the model reads of prompts ``idx`` besides its own state."""
         return {
             "o": idx,
             "d": pool.domain[idx],
             "prior_logit": prior_logit(np.asarray(pool.prior_pass_rate[idx], np.float64)),
-            "pred": pool.predicted_prior(idx),
+            "pred": self._pred(pool, idx),
         }
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
@@ -82,6 +110,14 @@ class SkillTracker:
         if self.model.latent:
             ps, pv = self.model.latent_prior()
             out["prior_p_stuck"], out["prior_p_solved"] = ps[:D].tolist(), pv[:D].tolist()
+        tp = self.text_prior
+        if tp is not None:
+            out["text_prior"] = {
+                "window": tp.window,
+                "training_prompts": tp.rows,
+                "variance": None if not np.isfinite(tp.var) else tp.var,
+                "in_use": tp.useful,
+            }
         return out
 
 

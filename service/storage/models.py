@@ -203,6 +203,9 @@ class PromptEvent(Base):
     domain: Mapped[str | None] = mapped_column(String(ID_LEN))
     prior_pass_rate: Mapped[float | None] = mapped_column(Float)
     prior_strength: Mapped[float | None] = mapped_column(Float)
+    # As the upsert wrote them (migration 0009): the text prior of the fold reads them.
+    text: Mapped[str | None] = mapped_column(Text)
+    embedding: Mapped[list | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):

@@ -47,7 +47,9 @@ RESULT_COLUMNS = (
     "rewards",
 )
 PLAN_ITEM_COLUMNS = ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase")
-PROMPT_EVENT_COLUMNS = ("run_pk", "seq", "ordinal", "created", "domain", "prior_pass_rate", "prior_strength")
+PROMPT_EVENT_COLUMNS = (
+    "run_pk", "seq", "ordinal", "created", "domain", "prior_pass_rate", "prior_strength", "text", "embedding",
+)  # fmt: skip
 
 
 def is_postgres(s: Session) -> bool:
@@ -152,6 +154,8 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
                 PromptEvent.domain,
                 PromptEvent.prior_pass_rate,
                 PromptEvent.prior_strength,
+                PromptEvent.text,
+                PromptEvent.embedding,
             )
             .join(Prompt, (Prompt.run_pk == PromptEvent.run_pk) & (Prompt.ordinal == PromptEvent.ordinal))
             .where(PromptEvent.run_pk == run_pk),
@@ -159,7 +163,7 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
         ).order_by(PromptEvent.seq, PromptEvent.ordinal)
     ).all()
     if rows:
-        seqs, ords, created, ids, doms, priors, strengths = zip(*rows)
+        seqs, ords, created, ids, doms, priors, strengths, texts, embeddings = zip(*rows)
         for a, b in _runs(np.asarray(seqs, np.int64)):
             events.append(
                 PromptsEvent(
@@ -169,6 +173,8 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
                     domains=list(doms[a:b]),
                     priors=_floats(priors[a:b]),
                     strengths=_floats(strengths[a:b]),
+                    texts=list(texts[a:b]),
+                    embeddings=list(embeddings[a:b]),
                 )
             )
     rows = s.execute(
@@ -251,15 +257,20 @@ def prompts_page(s: Session, run_pk: int, after_ordinal: int, limit: int, domain
 
 
 def scheduling_fields(s: Session, run_pk: int, ordinals: list[int]) -> dict[int, tuple]:
-    """(domain, prior_pass_rate, prior_strength) of existing prompts."""
+    """(domain, prior_pass_rate, prior_strength, text, embedding) of existing prompts."""
     out: dict[int, tuple] = {}
     for a in range(0, len(ordinals), 10_000):  # bound the bind parameters of one statement
         rows = s.execute(
-            select(Prompt.ordinal, Prompt.domain, Prompt.prior_pass_rate, Prompt.prior_strength).where(
-                Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals[a : a + 10_000])
-            )
+            select(
+                Prompt.ordinal,
+                Prompt.domain,
+                Prompt.prior_pass_rate,
+                Prompt.prior_strength,
+                Prompt.text,
+                Prompt.embedding,
+            ).where(Prompt.run_pk == run_pk, Prompt.ordinal.in_(ordinals[a : a + 10_000]))
         ).all()
-        out.update((o, (d, p, st)) for o, d, p, st in rows)
+        out.update((r[0], tuple(r[1:])) for r in rows)
     return out
 
 
@@ -286,7 +297,7 @@ def insert_prompts(s: Session, run_pk: int, first: int, version: int, cols: dict
 def update_prompts(s: Session, rows: list[dict[str, Any]]) -> dict[int, tuple]:
     """Existing prompts: each row (``run_pk``, ``ordinal``, ``version`` and the fields
     sent) changes only the fields it holds. Returns (domain, prior_pass_rate,
-    prior_strength) of each as stored after the update. On PostgreSQL one ``UPDATE …
+    prior_strength, text, embedding) of each as stored after the update. On PostgreSQL one ``UPDATE …
     FROM unnest … RETURNING`` per set of fields sent (a re-upload of a whole dataset is
     one statement)."""
     if not rows:
@@ -311,11 +322,11 @@ def update_prompts(s: Session, rows: list[dict[str, Any]]) -> dict[int, tuple]:
             text(
                 f"UPDATE prompts AS p SET {', '.join(sets)} FROM unnest({', '.join(arrays)}) AS u({cols}) "
                 "WHERE p.run_pk = :pk AND p.ordinal = u.o "
-                "RETURNING p.ordinal, p.domain, p.prior_pass_rate, p.prior_strength"
+                "RETURNING p.ordinal, p.domain, p.prior_pass_rate, p.prior_strength, p.text, p.embedding"
             ),
             params,
         )
-        stored.update((o, (d, pr, st)) for o, d, pr, st in res)
+        stored.update((r[0], tuple(r[1:])) for r in res)
     return stored
 
 
@@ -340,6 +351,8 @@ def insert_prompt_events(s: Session, run_pk: int, seq: int, event: PromptsEvent,
     priors, strengths = nullable(event.priors[upd]), nullable(event.strengths[upd])
     ords = event.ordinals[upd].tolist()
     domains = event.domains[:n_updates]
+    texts = (event.texts or [None] * k)[:n_updates]
+    embeddings = (event.embeddings or [None] * k)[:n_updates]
     if is_postgres(s):
         fields = [
             [str(run_pk)] * n_updates,
@@ -349,16 +362,30 @@ def insert_prompt_events(s: Session, run_pk: int, seq: int, event: PromptsEvent,
             _copy_column("domain", domains),
             _copy_column("prior_pass_rate", priors),
             _copy_column("prior_strength", strengths),
+            _copy_column("text", texts),
+            _copy_column("embedding", embeddings),
         ]
         copy_text(s, "prompt_events", PROMPT_EVENT_COLUMNS, "\n".join(map("\t".join, zip(*fields))) + "\n")
         return
-    rows = list(zip([run_pk] * n_updates, [seq] * n_updates, ords, [False] * n_updates, domains, priors, strengths))
+    rows = list(
+        zip(
+            [run_pk] * n_updates,
+            [seq] * n_updates,
+            ords,
+            [False] * n_updates,
+            domains,
+            priors,
+            strengths,
+            texts,
+            _json_column(embeddings),
+        )
+    )
     bulk_insert(s, "prompt_events", PROMPT_EVENT_COLUMNS, rows)
 
 
 _CREATED_EVENTS = text(
     f"INSERT INTO prompt_events ({', '.join(PROMPT_EVENT_COLUMNS)}) "
-    "SELECT run_pk, :seq, ordinal, TRUE, domain, prior_pass_rate, prior_strength FROM prompts "
+    "SELECT run_pk, :seq, ordinal, TRUE, domain, prior_pass_rate, prior_strength, text, embedding FROM prompts "
     "WHERE run_pk = :pk AND ordinal BETWEEN :lo AND :hi"
 )
 

@@ -1,0 +1,81 @@
+"""The text prior (service/scheduling/textprior.py): features of text and embeddings,
+the ridge fit, and what it does to never-seen prompts' predictions in ``default``."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from rollplan.benchmarks import sim
+from rollplan.service.scheduling import strategies as strat
+from rollplan.service.scheduling.textprior import EMBED_DIM, MAX_FEATURES, PromptText, TextPrior
+
+
+def _texts(level: np.ndarray, rng: np.random.Generator) -> list[str]:
+    # The number of digit groups tells the level; the digits themselves are noise.
+    return [" ".join(f"{rng.integers(10, 99)}" for _ in range(int(lv))) for lv in level]
+
+
+def test_features_are_capped_replaced_and_projected_deterministically():
+    t = PromptText()
+    t.grow(1_000)
+    assert t.start_ is None and t.emb_ is None  # nothing allocated without text or embeddings
+    long = " ".join(f"word{i}" for i in range(500))
+    t.set(np.arange(3), ["short text", long, None], None)
+    assert t.count_[0] > 0 and t.count_[1] == MAX_FEATURES and t.start_[2] == -1 and t.emb_ is None
+    assert t.start_.shape[0] >= 1_000 and (t.start_[3:1_000] == -1).all()
+    first = t.matrix(np.array([0]))[0].toarray()
+    t.set(np.array([0]), ["something else entirely"], None)  # an update replaces the text
+    assert not np.array_equal(t.matrix(np.array([0]))[0].toarray(), first)
+    vec = [0.3, -1.2, 2.0, 0.1]
+    t.set(np.array([2]), None, [vec])
+    other = PromptText()
+    other.set(np.array([0]), None, [vec])
+    dense = t.matrix(np.array([2]))[1]
+    assert dense.shape == (1, 1 + EMBED_DIM)
+    assert np.allclose(np.linalg.norm(dense[0, 1:]), 1.0)
+    assert np.array_equal(dense[0, 1:], other.matrix(np.array([0]))[1][0, 1:])  # the same on every replica
+    t.set(np.array([1]), None, [[float("nan"), 1.0]])  # a non-finite embedding is none
+    assert not t.matrix(np.array([1]))[1][0, 1:].any()
+
+
+def test_fit_learns_what_text_tells_and_declines_noise():
+    rng = np.random.default_rng(0)
+    P = 3_000
+    level = rng.integers(1, 9, P)
+    t = PromptText()
+    t.set(np.arange(P), _texts(level, rng), None)
+    seen = np.arange(2_000)
+    y = -0.6 * (level[seen] - 4.5) + 0.2 * rng.standard_normal(seen.size)  # harder with more groups
+    noise, normal = np.full(seen.size, 0.04), np.ones(seen.size)
+    tp = TextPrior(every=10)
+    tp.fit(t, seen, y, noise, normal, spread=4.0, step=0)
+    assert tp.useful and tp.var < 0.5
+    rel, var = tp.predict(t, np.arange(2_000, P))
+    assert spearmanr(rel, -level[2_000:]).statistic > 0.9
+    assert np.all(var == tp.var)
+    # Targets the text says nothing about: the fit does not beat the domain's spread.
+    junk = TextPrior(every=10)
+    junk.fit(t, seen, rng.standard_normal(seen.size), noise, normal, spread=1.0, step=0)
+    assert not junk.useful and junk.predict(t, np.arange(5)) is None
+    # Not due again inside its window; due at the next one.
+    assert not tp.due(9) and tp.due(10)
+
+
+def test_default_ranks_never_seen_prompts_by_their_text_and_ignores_its_absence():
+    """On a text world, ``default`` (text prior on) ranks never-seen prompts inside a domain
+    by what their text tells; without text it plans exactly as with the prior off."""
+    cfg = sim.SimConfig(prompts=4_000, steps=120, batch=32, text="arith", text_noise=0.3, heldout=200)
+    on = sim.run_arm("default", cfg, target=float("inf"), eval_every=10)
+    off = sim.run_arm("default+text_prior=false", cfg, target=float("inf"), eval_every=10)
+    assert on["spearman_unseen_within_domain"] is not None and on["spearman_unseen_within_domain"] > 0.4
+    assert off["spearman_unseen_within_domain"] is None  # the domain alone ranks nothing inside it
+    plain = sim.SimConfig(prompts=4_000, steps=60, batch=32, heldout=200)
+    a = sim.run_arm("default", plain, target=float("inf"), eval_every=10)
+    b = sim.run_arm("default+text_prior=false", plain, target=float("inf"), eval_every=10)
+    assert a["curve"] == b["curve"] and a["rollouts"] == b["rollouts"]
+
+
+def test_default_turns_it_on():
+    assert strat.build("default", {}).params.text_prior is True
+    assert strat.build("frontier", {}).params.text_prior is False
