@@ -4,8 +4,9 @@
 **Features** (``PromptText``, kept in the pool when the strategy reads text): a prompt
 that comes with ``text`` gets a bag of hashed n-grams (``predictor.features.hash_texts``:
 character 1–4-grams, words, word bigrams) folded to ``DIM`` rows, repeats summed, its
-``MAX_FEATURES`` largest counts kept (ties: the lower row) — 4 bytes a feature, so a pool's
-text costs at most 256 bytes a prompt whatever its length — plus log(1 + characters) as a
+first ``MAX_FEATURES`` kept, the longest kinds first (word bigrams, words, then character
+4- to 1-grams) — 4 bytes a feature, so a pool's text costs at most 512 bytes a prompt
+whatever its length — plus log(1 + characters) as a
 dense feature. A prompt that comes with an ``embedding`` gets a fixed random projection
 of it (seeded by the vector's dimension, the same on every replica) to ``EMBED_DIM``
 dimensions, scaled to unit length. An update that sends new text or a new embedding
@@ -44,7 +45,7 @@ from ..predictor.features import hash_texts
 from .util import grow
 
 DIM = 1 << 12
-MAX_FEATURES = 64
+MAX_FEATURES = 128
 EMBED_DIM = 32
 _DENSE = 1 + EMBED_DIM  # log-length, then the projected embedding
 
@@ -58,20 +59,24 @@ def _projection(dim: int) -> np.ndarray:
 
 def _bags(texts: list[str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row, feature, count) of each text's kept features, rows in order, at most
-    ``MAX_FEATURES`` per row: repeats summed, the largest counts kept."""
+    ``MAX_FEATURES`` per row: repeats summed; the longest kinds kept first (word bigrams,
+    words, then character 4-, 3-, 2-, 1-grams: the hasher emits them in the reverse
+    order, so a feature's priority is its last position in the text's bag)."""
     f = hash_texts(texts, DIM)
     row = np.repeat(np.arange(len(texts), dtype=np.int64), np.diff(f.indptr))
+    pos = np.arange(row.size) - f.indptr[row]
     key = row * DIM + f.indices.astype(np.int64)
     uniq, inv = np.unique(key, return_inverse=True)
     val = np.bincount(inv, weights=f.values.astype(np.float64), minlength=uniq.size)
+    prio = np.full(uniq.size, -1, np.int64)
+    np.maximum.at(prio, inv, pos)
     r, c = uniq // DIM, (uniq % DIM).astype(np.int64)
     keep = val != 0
-    r, c, val = r[keep], c[keep], val[keep]
-    order = np.lexsort((c, -np.abs(val), r))
+    r, c, val, prio = r[keep], c[keep], val[keep], prio[keep]
+    order = np.lexsort((c, -prio, r))
     r, c, val = r[order], c[order], val[order]
     start = np.searchsorted(r, r, side="left")
-    rank = np.arange(r.size) - start
-    top = rank < MAX_FEATURES
+    top = (np.arange(r.size) - start) < MAX_FEATURES
     order = np.lexsort((c[top], r[top]))
     return r[top][order], c[top][order], val[top][order]
 
