@@ -1,22 +1,49 @@
 """Data quality: prompts a user may want to fix or drop from the dataset, with the evidence.
 
-Three kinds, read from the run's own state (the fold a plan would see now), vectorised
-over the pool:
+Read from the run's own state (the fold a plan would see now), vectorised over the pool —
+no loop over prompts. Each prompt gets at most one kind, the most probable of those its
+evidence allows, and is listed when that probability reaches ``min_confidence`` and it has
+at least ``min_rollouts`` rollouts:
 
-- ``broken`` — never passed in at least ``min_rollouts`` rollouts: likely a wrong label or
-  an answer the verifier cannot check. Confidence: the strategy's own probability that the
-  prompt is stuck (``p_stuck``, ``default``'s latent class) where it has one; otherwise how
-  surprising so many failures are for a prompt of its domain: 1 − E[(1 − p)ⁿ] with p ~
-  Beta(m_d·κ, (1 − m_d)·κ), m_d the domain's pass rate over the other prompts' rollouts,
-  κ = 2 (a uniform spread of difficulties around it).
-- ``solved`` — passed every one of at least ``min_rollouts`` rollouts: a candidate to drop
-  (its groups carry no gradient). Confidence: the strategy's ``p_solved`` where it has
-  one, else 1 − E[pⁿ] under the same domain Beta.
-- ``noisy`` — the reward flips: the prompt had both all-pass and all-fail groups, more
-  such extreme groups than a fixed pass rate explains (a noisy verifier, or a prompt
-  whose answer depends on luck). Confidence: P(X < x) for X ~ Binomial(groups, e), x the
-  extreme groups seen, e = p̂ᵐ + (1 − p̂)ᵐ the chance of an extreme group of the mean
-  size m at the prompt's own pass rate p̂.
+- ``broken`` — a **wrong label** (or an answer the verifier cannot check): it never passed
+  where prompts of its domain at its estimated difficulty pass. Confidence: P(stuck), the
+  probability of the "never passes" latent class.
+- ``too_hard`` — never passed, and its failures are what a real prompt of its domain would
+  show now (a hard level the policy has not reached): *too hard for now*, not wrong.
+  Confidence: P(not stuck or solved) × P(its next group fails every rollout too).
+- ``solved`` — always passed: a candidate to drop (its groups carry no gradient).
+  Confidence: P(solved), the "always passes" latent class.
+- ``noisy`` — outcomes inconsistent at a stable level (a noisy verifier, or an answer
+  that depends on luck): its groups' mean rewards jump back and forth more than the
+  binomial noise of a fixed pass rate explains. Needs 3 groups.
+- ``learned`` — its outcomes changed level once, from failing to passing (``FFFF…PPPP``):
+  the policy learned it. Not noisy. Needs 3 groups.
+
+**One definition of stuck and solved.** Where the run's strategy has latent stuck/solved
+classes (``default``, ``frontier`` with ``latent``), P(stuck) and P(solved) are its own
+``p_stuck`` / ``p_solved`` — the numbers its plans act on — and the chance that a normal
+prompt fails its next group comes from its item-response belief σ(skill − difficulty).
+Otherwise the same three classes are fitted here by empirical Bayes (a few EM rounds over
+the pool): a normal prompt of domain d has pass rate p ~ Beta(m_d κ_d, (1 − m_d) κ_d), its
+mean and spread by moments of the domain's prompts weighted by P(normal); the class
+shares π_d are the domain's mean posteriors shrunk toward the pool's. A prompt with n
+rollouts, k passes has likelihood 1[k = 0] as stuck, 1[k = n] as solved and
+B(a + k, b + n − k) / B(a, b) as normal, so one all-fail group of 8 in a domain whose
+prompts mostly pass is already strong evidence (E[(1 − p)⁸] is small there), and the same
+group in a domain where most prompts fail is not.
+
+**Noisy vs learned: a test over the prompt's ordered outcomes.** The pool keeps, per
+prompt, the sum S of squared successive differences of its groups' mean rewards without
+the largest one, that largest one, and the last group's mean (``PoolState.diff_sq``). At
+a stable pass rate p each difference has E[(yⱼ − yⱼ₋₁)²] = 2v, v = p(1 − p)/m for groups
+of m rollouts (an upper bound for rewards in [0, 1]); one change of level adds only one
+large difference, which S leaves out. Noisy: X = S / 2v tested against a scaled χ² of
+mean q = G − 2 and variance 3q − 1 (the von Neumann successive-difference test,
+Satterthwaite's match), p and m the prompt's own mean. Learned: the largest jump M, tested
+against the largest of G − 1 stable differences (P ≤ (G − 1)·P(χ²₁ > M / 2v)), upward
+(its last group's mean above its overall mean, with an all-fail group), times P(not
+noisy). Each p-value becomes a probability with the kind's prior share (``_p_to_posterior``).
+So ``FFFF…PPPP`` (S = 0, M = 1) is learned, ``PFPFPF`` noisy.
 """
 
 from __future__ import annotations
@@ -29,9 +56,16 @@ from scipy import special
 from scipy import stats as scipy_stats
 
 from .runstate import RunState
+from .scheduling.pool import PoolState
+from .scheduling.trackers import SkillTracker
 
-KINDS = ("broken", "solved", "noisy")
-DOMAIN_KAPPA = 2.0
+KINDS = ("broken", "solved", "noisy", "too_hard", "learned")
+BROKEN, SOLVED, NOISY, TOO_HARD, LEARNED = range(len(KINDS))
+DEFAULT_MIN_CONFIDENCE = 0.5  # the API's default: more likely than not
+EM_ROUNDS = 8
+_SHARE_PRIOR = 0.05  # each latent class's share before any evidence (as the item-response model's)
+_SHARE_PSEUDO = 20.0  # prompts' worth of that prior in a domain's share
+_KAPPA_RANGE = (1.0, 100.0)
 
 
 @dataclass
@@ -40,67 +74,233 @@ class Findings:
     kind: np.ndarray  # index into KINDS
     confidence: np.ndarray
     counts: dict[str, int]  # per kind, above the confidence threshold, before the domain/kind filters
+    model: str = "beta"  # whose stuck/solved posterior: "strategy" or "beta"
 
 
-def _domain_rate(d: np.ndarray, n: np.ndarray, k: np.ndarray, n_domains: int) -> np.ndarray:
-    """Each prompt's domain pass rate over the *other* prompts' rollouts (0.5 when none)."""
-    tot_n = np.bincount(d, weights=n, minlength=n_domains)[d] - n
-    tot_k = np.bincount(d, weights=k, minlength=n_domains)[d] - k
-    return np.where(tot_n > 0, tot_k / np.maximum(tot_n, 1e-12), 0.5)
+@dataclass
+class Classes:
+    """Per prompt: P(stuck), P(solved), and P(a normal prompt's next group fails every
+    rollout | its evidence)."""
+
+    p_stuck: np.ndarray
+    p_solved: np.ndarray
+    next_fail_normal: np.ndarray
+    source: str  # "strategy" or "beta"
 
 
-def _beta_moment(a: np.ndarray, b: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """E[pⁿ] for p ~ Beta(a, b): B(a + n, b) / B(a, b)."""
-    return np.exp(special.betaln(a + n, b) - special.betaln(a, b))
+def _betaln_ratio(a: np.ndarray, b: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+    """B(a2, b2) / B(a, b)."""
+    return np.exp(special.betaln(a2, b2) - special.betaln(a, b))
+
+
+def _domain_beta(
+    d: np.ndarray, n: np.ndarray, k: np.ndarray, w: np.ndarray, D: int, centre: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) per prompt of the pass rate of a normal prompt like it: Beta(m κ_d, (1 − m) κ_d),
+    m the domain's weighted mean rate (or ``centre``, a model's per-prompt prediction), κ_d
+    from the weighted spread of the prompts' observed rates around it with the binomial
+    noise taken out, a domain with few prompts shrunk toward the pool."""
+    r = k / np.maximum(n, 1)
+    inv_n = 1.0 / np.maximum(n, 1)
+    zero = np.zeros(d.size, np.int64)
+
+    def mean(key: np.ndarray, size: int) -> np.ndarray:
+        sw = np.bincount(key, weights=w, minlength=size)
+        return np.bincount(key, weights=w * r, minlength=size) / np.maximum(sw, 1e-12)
+
+    m_i = np.clip(centre if centre is not None else mean(d, D)[d], 1e-3, 1 - 1e-3)
+
+    def spread(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        sw = np.bincount(key, weights=w, minlength=size)
+        dev = np.bincount(key, weights=w * (r - m_i) ** 2, minlength=size)
+        noise = np.bincount(key, weights=w * m_i * (1 - m_i) * inv_n, minlength=size)
+        noise_w = np.bincount(key, weights=w * inv_n, minlength=size)
+        # E(r − m)² = var_p (1 − 1/n) + m(1 − m)/n
+        return sw, (dev - noise) / np.maximum(sw - noise_w, 1e-12)
+
+    g_w, g_var = spread(zero, 1)
+    d_w, d_var = spread(d, D)
+    t = d_w / (d_w + 5.0)
+    var = np.maximum(t * d_var + (1 - t) * g_var[0], 1e-4)[d]
+    kappa = np.clip(m_i * (1 - m_i) / var - 1.0, *_KAPPA_RANGE)
+    return m_i * kappa, (1 - m_i) * kappa
+
+
+def _shares(q: np.ndarray, seen: np.ndarray, d: np.ndarray, D: int) -> np.ndarray:
+    """A latent class's share per domain: the domain's mean posterior over its seen prompts,
+    shrunk toward the pool's (itself shrunk toward ``_SHARE_PRIOR``)."""
+    qs = np.where(seen, q, 0.0)
+    g = (float(qs.sum()) + _SHARE_PSEUDO * _SHARE_PRIOR) / (float(seen.sum()) + _SHARE_PSEUDO)
+    cnt = np.bincount(d, weights=seen.astype(np.float64), minlength=D)
+    return (np.bincount(d, weights=qs, minlength=D) + _SHARE_PSEUDO * g) / (cnt + _SHARE_PSEUDO)
+
+
+def _posterior(fail, win, lik_normal, ps, pv):
+    """P(stuck), P(solved), P(normal) from the class shares and a normal prompt's likelihood."""
+    es = np.where(fail, ps, 0.0)
+    ev = np.where(win, pv, 0.0)
+    en = np.maximum(1.0 - ps - pv, 1e-9) * lik_normal
+    z = es + ev + en
+    return es / z, ev / z, en / z
+
+
+def beta_classes(pool: PoolState, group_size: np.ndarray) -> Classes:
+    """The stuck / solved / normal classes fitted by empirical Bayes over the pool (the
+    test for strategies without latent classes of their own; see the module docstring)."""
+    return _em(pool, group_size, None, "beta")
+
+
+def _em(pool: PoolState, group_size: np.ndarray, centre: np.ndarray | None, source: str) -> Classes:
+    """EM over the pool for the three classes: normal prompts' Beta (``_domain_beta``) and
+    the class shares per domain (``_shares``)."""
+    n = pool.rollouts.astype(np.float64)
+    k = pool.reward_sum.astype(np.float64)
+    d = pool.domain.astype(np.int64)
+    D = max(pool.n_domains, 1)
+    seen = n > 0
+    fail = seen & (k <= 1e-9)
+    win = seen & (k >= n - 1e-9)
+    ps = np.full(D, _SHARE_PRIOR)
+    pv = np.full(D, _SHARE_PRIOR)
+    ad, bd = _domain_beta(d, n, k, (seen & ~fail & ~win).astype(np.float64), D, centre)  # start: normal = mixed
+    qs = qv = np.zeros(n.size)
+    for _ in range(EM_ROUNDS):
+        qs, qv, qn = _posterior(fail, win, _betaln_ratio(ad, bd, ad + k, bd + n - k), ps[d], pv[d])
+        ps, pv = _shares(qs, seen, d, D), _shares(qv, seen, d, D)
+        ad, bd = _domain_beta(d, n, k, np.where(seen, qn, 0.0), D, centre)
+    # A normal prompt's pass rate given its evidence: Beta(a + k, b + n − k).
+    nf = _betaln_ratio(ad + k, bd + n - k, ad + k, bd + n - k + group_size)
+    return Classes(np.where(seen, qs, 0.0), np.where(seen, qv, 0.0), nf, source)
+
+
+# Three-point Gauss–Hermite rule for E[f(x)], x ~ N(μ, σ²).
+_GH_X = np.array([-np.sqrt(3.0), 0.0, np.sqrt(3.0)])
+_GH_W = np.array([1 / 6, 2 / 3, 1 / 6])
+
+
+def classes(pool: PoolState, strategy: Any, step: int, group_size: np.ndarray) -> Classes:
+    """The strategy's own stuck / solved model where it has one (the item-response model's
+    latent classes: its class shares, and how prompts of the domain at the prompt's prior
+    difficulty pass now), else ``beta_classes``."""
+    tracker = pool.trackers.get("skill")
+    if not isinstance(tracker, SkillTracker) or not tracker.model.latent or pool.size == 0:
+        return beta_classes(pool, group_size)
+    every = np.arange(pool.size, dtype=np.int64)
+    # How prompts like it pass now: the model's domain skill against the prompt's prior
+    # difficulty, its own groups left out (probit approximation of E[σ(x)]).
+    xp, vp = tracker.prior_logit_belief(pool, every, step)
+    centre = 1.0 / (1.0 + np.exp(-xp / np.sqrt(1.0 + np.pi * vp / 8.0)))
+    c = _em(pool, group_size, centre, "strategy")
+    # Given normal, the next group from the model's own belief of the prompt.
+    x, v = tracker.logit(pool, every, step)
+    sd = np.sqrt(v)
+    nf = np.zeros(pool.size)
+    for gx, gw in zip(_GH_X, _GH_W, strict=True):
+        p = 1.0 / (1.0 + np.exp(-(x + sd * gx)))
+        nf += gw * (1.0 - p) ** group_size
+    c.next_fail_normal = nf
+    return c
+
+
+def _scaled_chi2_sf(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """P(X > x) for X matched to mean q and variance 3q − 1 by a scaled χ² (a Gamma)."""
+    q = np.maximum(q, 1.0)
+    var = 3.0 * q - 1.0
+    return scipy_stats.gamma.sf(x, a=q * q / var, scale=var / q)
+
+
+def _p_to_posterior(p: np.ndarray, share: float) -> np.ndarray:
+    """A test's p-value as a probability that the alternative holds, given its prior share:
+    the Bayes factor for the null is at least −e·p·ln p (Sellke, Bayarri & Berger 2001),
+    so this is an upper bound, and a prompt among thousands tested does not reach a high
+    confidence by chance (a p-value of 0.01 gives 0.14 at a 2 % share)."""
+    p = np.clip(p, 1e-300, 1.0)
+    bf_null = np.where(p < 1.0 / np.e, -np.e * p * np.log(p), 1.0)
+    odds = share / (1.0 - share) / bf_null
+    return odds / (1.0 + odds)
+
+
+NOISY_SHARE = 0.02  # prior share of noisy prompts
+LEARNED_SHARE = 0.10  # prior share, among prompts with an all-fail group and 3+ groups, of learned ones
+
+
+def order_tests(pool: PoolState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(eligible, P(noisy), P(learned)) per prompt from its ordered outcomes (module docstring)."""
+    n = pool.rollouts.astype(np.float64)
+    k = pool.reward_sum.astype(np.float64)
+    G = pool.groups.astype(np.float64)
+    S = pool.diff_sq.astype(np.float64)
+    last = pool.last_mean.astype(np.float64)
+    ok = (G >= 3) & (k > 1e-9) & (k < n - 1e-9)
+    p = np.clip(k / np.maximum(n, 1), 1e-6, 1 - 1e-6)
+    m = n / np.maximum(G, 1)
+    v = p * (1 - p) / np.maximum(m, 1)
+    q = np.maximum(G - 2, 1)
+    noisy = np.where(ok, _p_to_posterior(_scaled_chi2_sf(S / (2 * v), q), NOISY_SHARE), 0.0)
+    # One change of level: the largest jump, tested against the largest of G − 1 stable
+    # differences (Bonferroni), upward (its last group above its mean), not noise beyond it.
+    M = pool.diff_max.astype(np.float64)
+    p_jump = np.minimum(1.0, (G - 1) * scipy_stats.chi2.sf(M / (2 * v), 1))
+    up = ok & (pool.failed_groups > 0) & (last > p)
+    learned = np.where(up, _p_to_posterior(p_jump, LEARNED_SHARE) * (1.0 - noisy), 0.0)
+    return ok, noisy, learned
+
+
+def confidences(pool: PoolState, strategy: Any, step: int, min_rollouts: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """(conf, allowed, model): each kind's confidence per prompt (len(KINDS) × size), whether
+    the prompt's evidence allows that kind at all (min_rollouts included), and whose
+    stuck/solved posterior was used ("strategy" or "beta")."""
+    size = pool.size
+    n = pool.rollouts.astype(np.float64)
+    k = pool.reward_sum.astype(np.float64)
+    G = pool.groups.astype(np.float64)
+    group_size = np.where(G > 0, n / np.maximum(G, 1), 1.0)
+    c = classes(pool, strategy, step, group_size)
+    enough = (n >= min_rollouts) & (n > 0)
+    never = enough & (k <= 1e-9)
+    always = enough & (k >= n - 1e-9)
+    ok, noisy, learned = order_tests(pool)
+    allowed = np.zeros((len(KINDS), size), bool)
+    conf = np.zeros((len(KINDS), size))
+    allowed[BROKEN] = allowed[TOO_HARD] = never
+    allowed[SOLVED] = always
+    allowed[NOISY] = allowed[LEARNED] = enough & ok
+    conf[BROKEN] = c.p_stuck
+    conf[SOLVED] = c.p_solved
+    conf[TOO_HARD] = np.clip(1.0 - c.p_stuck - c.p_solved, 0.0, 1.0) * c.next_fail_normal
+    conf[NOISY] = noisy
+    conf[LEARNED] = learned
+    conf = np.where(allowed, np.clip(conf, 0.0, 1.0), -1.0)
+    return conf, allowed, c.source
+
+
+def find_pool(pool: PoolState, strategy: Any, *, min_rollouts: int, min_confidence: float) -> Findings:
+    """The findings of a pool under its strategy (``find`` reads a run's state)."""
+    conf, allowed, model = confidences(pool, strategy, pool.step + 1, min_rollouts)
+    kind = np.argmax(conf, axis=0)
+    best = conf[kind, np.arange(pool.size)]
+    hit = allowed.any(axis=0) & (best >= min_confidence)
+    counts = {name: int((hit & (kind == i)).sum()) for i, name in enumerate(KINDS)}
+    sel = np.flatnonzero(hit)
+    return Findings(sel, kind[sel], best[sel], counts, model)
 
 
 def find(state: RunState, *, min_rollouts: int, min_confidence: float) -> Findings:
     with state.read() as pool:
-        size = pool.size
-        n = pool.rollouts.astype(np.float64)
-        k = pool.reward_sum.astype(np.float64)
-        g = pool.groups.astype(np.float64)
-        solved_g = pool.solved_groups.astype(np.float64)
-        failed_g = pool.failed_groups.astype(np.float64)
-        d = pool.domain.astype(np.int64)
-        every = np.arange(size, dtype=np.int64)
-        extras = state.strategy.prompt_estimates(pool, every, pool.step + 1)
-        n_domains = pool.n_domains
-    m = np.clip(_domain_rate(d, n, k, max(n_domains, 1)), 1e-3, 1 - 1e-3)
-    a, b = m * DOMAIN_KAPPA, (1 - m) * DOMAIN_KAPPA
-    enough = n >= min_rollouts
-    conf = np.zeros((len(KINDS), size))
-    broken = enough & (k <= 1e-9)
-    conf[0] = np.where(broken, extras["p_stuck"] if "p_stuck" in extras else 1 - _beta_moment(b, a, n), 0.0)
-    solved = enough & (k >= n - 1e-9) & (n > 0)
-    conf[1] = np.where(solved, extras["p_solved"] if "p_solved" in extras else 1 - _beta_moment(a, b, n), 0.0)
-    flips = enough & (solved_g >= 1) & (failed_g >= 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p_hat = np.clip(k / np.maximum(n, 1), 1e-6, 1 - 1e-6)
-        size_m = n / np.maximum(g, 1)
-        e = np.clip(p_hat**size_m + (1 - p_hat) ** size_m, 1e-12, 1.0)
-    x = solved_g + failed_g
-    conf[2] = np.where(flips, scipy_stats.binom.cdf(x - 1, g, e), 0.0)
-    kind = np.argmax(conf, axis=0)
-    best = conf[kind, every]
-    hit = best >= min_confidence
-    counts = {name: int((hit & (kind == i)).sum()) for i, name in enumerate(KINDS)}
-    sel = np.flatnonzero(hit)
-    return Findings(sel, kind[sel], best[sel], counts)
+        return find_pool(pool, state.strategy, min_rollouts=min_rollouts, min_confidence=min_confidence)
 
 
 def evidence(state: RunState, ordinals: np.ndarray) -> dict[str, Any]:
     """The per-prompt evidence shown with each finding (arrays over ``ordinals``)."""
     with state.read() as pool:
-        lo, hi = state.reward_range
-        n = pool.rollouts[ordinals]
         return {
             "groups": pool.groups[ordinals],
-            "rollouts": n,
+            "rollouts": pool.rollouts[ordinals],
             "passes": pool.reward_sum[ordinals],
             "all_pass_groups": pool.solved_groups[ordinals],
             "all_fail_groups": pool.failed_groups[ordinals],
             "last_step": pool.last_step[ordinals],
+            "last_group_mean": pool.last_mean[ordinals].astype(np.float64),
             "predicted_pass_rate": state.strategy.predict(pool, ordinals, pool.step + 1),
             "domain": pool.domain[ordinals],
         }

@@ -1,6 +1,7 @@
-"""``GET /v1/runs/{run_id}/data-quality``: prompts that look broken, always solved or noisy,
-with their evidence and a confidence (``service/quality.py``), as JSON pages or as a
-CSV / JSON Lines download of every finding."""
+"""``GET /v1/runs/{run_id}/data-quality``: prompts that look like wrong labels, too hard
+for now, always solved, noisy or learned, with their evidence and a confidence
+(``service/quality.py``), as JSON pages or as a CSV / JSON Lines download of every
+finding."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from .. import quality
+from ..errors import Invalid
 from .cursors import _decode_cursor, _encode_cursor
 from .deps import EngineDep, SessionDep, require_key
 from .v1 import RESPONSES, Cursor, RunIdPath
@@ -26,16 +28,31 @@ router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key
 
 COLUMNS = (
     "prompt_id", "domain", "kind", "confidence", "groups", "rollouts", "passes", "all_pass_groups",
-    "all_fail_groups", "last_step", "predicted_pass_rate",
+    "all_fail_groups", "last_group_mean", "last_step", "predicted_pass_rate",
 )  # fmt: skip
+Kind = Literal["broken", "solved", "noisy", "too_hard", "learned"]
+SORTS = (
+    "confidence",
+    "rollouts",
+    "last_step",
+    "groups",
+    "passes",
+    "predicted_pass_rate",
+    "prompt_id",
+    "domain",
+    "kind",
+)
 
 
 class Finding(BaseModel):
     prompt_id: str
     domain: str | None
-    kind: Literal["broken", "solved", "noisy"] = Field(
-        description="broken: never passed (wrong label or unverifiable answer?); solved: always passed "
-        "(a candidate to drop); noisy: both all-pass and all-fail groups, more than its pass rate explains."
+    kind: Kind = Field(
+        description="broken: a wrong label (or an answer the verifier cannot check): never passed where prompts "
+        "of its domain at its estimated difficulty pass; too_hard: never passed, as a real prompt of its domain "
+        "would now (too hard for now, not wrong); solved: always passed (a candidate to drop); noisy: outcomes "
+        "inconsistent at a stable level (a noisy verifier?); learned: its outcomes changed once from failing to "
+        "passing (the policy learned it; not noisy)."
     )
     confidence: float = Field(description="How sure the run's own estimates are of the kind, in [0, 1].")
     groups: int
@@ -43,6 +60,7 @@ class Finding(BaseModel):
     passes: float = Field(description="Sum of rewards mapped onto [0, 1] (successes).")
     all_pass_groups: int
     all_fail_groups: int
+    last_group_mean: float = Field(description="Mean reward of its last group, on [0, 1].")
     last_step: int | None
     predicted_pass_rate: float = Field(description="The strategy's predicted pass rate.")
 
@@ -50,29 +68,57 @@ class Finding(BaseModel):
 class QualityPage(BaseModel):
     counts: dict[str, int] = Field(description="Findings of each kind at this confidence, before the filters.")
     criteria: dict[str, float | int]
+    model: Literal["strategy", "beta"] = Field(
+        description="Whose stuck/solved posterior the confidences are: the strategy's own latent classes "
+        "(default, frontier with latent) or the empirical-Bayes Beta test (every other strategy)."
+    )
     items: list[Finding]
     next_cursor: str | None = None
 
 
 def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order):
+    code = None
+    if domain is not None:
+        code = state.domain_codes.get(domain)
+        if code is None:
+            known = [n for n in state.domain_names() if n is not None]
+            raise Invalid(
+                f"domain {domain!r} is not a domain of this run; its domains: {', '.join(map(repr, known[:20])) or 'none'}"
+                + (" …" if len(known) > 20 else "")
+            )
     f = quality.find(state, min_rollouts=min_rollouts, min_confidence=min_confidence)
     ords, kinds, conf = f.ordinals, f.kind, f.confidence
     names = state.domain_names()
     keep = np.ones(ords.size, bool)
     if kind is not None:
         keep &= kinds == quality.KINDS.index(kind)
-    if domain is not None:
-        code = state.domain_codes.get(domain)
-        keep &= np.zeros(ords.size, bool) if code is None else quality.evidence(state, ords)["domain"] == code
+    if code is not None:
+        keep &= quality.evidence(state, ords)["domain"] == code
     ords, kinds, conf = ords[keep], kinds[keep], conf[keep]
     ev = quality.evidence(state, ords)
-    key = {"confidence": conf, "rollouts": ev["rollouts"], "last_step": ev["last_step"]}[sort]
+    if sort in ("prompt_id", "domain", "kind"):
+        labels = {
+            "prompt_id": state.ids.take(ords),
+            "domain": ["" if names[int(c)] is None else str(names[int(c)]) for c in ev["domain"].tolist()],
+            "kind": [quality.KINDS[int(c)] for c in kinds.tolist()],
+        }[sort]
+        key = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)[1].astype(np.float64)
+    else:
+        key = {
+            "confidence": conf,
+            "rollouts": ev["rollouts"],
+            "last_step": ev["last_step"],
+            "groups": ev["groups"],
+            "passes": ev["passes"],
+            "predicted_pass_rate": ev["predicted_pass_rate"],
+        }[sort].astype(np.float64)
     order_idx = np.lexsort((ords, -key if order == "desc" else key))
+    ids = state.ids.take(ords[order_idx])
     rows = []
-    for i in order_idx.tolist():
+    for j, i in enumerate(order_idx.tolist()):
         last = int(ev["last_step"][i])
         rows.append({
-            "prompt_id": state.ids[int(ords[i])],
+            "prompt_id": ids[j],
             "domain": names[int(ev["domain"][i])],
             "kind": quality.KINDS[int(kinds[i])],
             "confidence": float(conf[i]),
@@ -81,10 +127,11 @@ def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order):
             "passes": float(ev["passes"][i]),
             "all_pass_groups": int(ev["all_pass_groups"][i]),
             "all_fail_groups": int(ev["all_fail_groups"][i]),
+            "last_group_mean": round(float(ev["last_group_mean"][i]), 4),
             "last_step": last if last >= 0 else None,
             "predicted_pass_rate": float(ev["predicted_pass_rate"][i]),
         })  # fmt: skip
-    return f.counts, rows
+    return f.counts, rows, f.model
 
 
 DOWNLOADS: dict[int | str, dict[str, Any]] = {
@@ -102,11 +149,36 @@ def data_quality(
     run_id: RunIdPath,
     engine: EngineDep,
     session: SessionDep,
-    kind: Annotated[Literal["broken", "solved", "noisy"] | None, Query()] = None,
-    domain: Annotated[str | None, Query(max_length=200)] = None,
-    min_rollouts: Annotated[int, Query(ge=1, le=1_000_000, description="Evidence needed to list a prompt.")] = 16,
-    min_confidence: Annotated[float, Query(ge=0, le=1)] = 0.9,
-    sort: Annotated[Literal["confidence", "rollouts", "last_step"], Query()] = "confidence",
+    kind: Annotated[Kind | None, Query()] = None,
+    domain: Annotated[
+        str | None, Query(max_length=200, description="A domain of the run (422 if it has none such).")
+    ] = None,
+    min_rollouts: Annotated[
+        int, Query(ge=1, le=1_000_000, description="Rollouts a prompt needs to be listed (default 1: one group).")
+    ] = 1,
+    min_confidence: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=1,
+            description="Least probability of the kind (default 0.5: more likely than not). 0 lists every prompt "
+            "whose evidence allows a kind (never or always passed; or 3+ groups with passes and fails).",
+        ),
+    ] = quality.DEFAULT_MIN_CONFIDENCE,
+    sort: Annotated[
+        Literal[
+            "confidence",
+            "rollouts",
+            "last_step",
+            "groups",
+            "passes",
+            "predicted_pass_rate",
+            "prompt_id",
+            "domain",
+            "kind",
+        ],
+        Query(),
+    ] = "confidence",
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     format: Annotated[
         Literal["json", "csv", "jsonl"], Query(description="csv / jsonl: every finding, streamed.")
@@ -114,19 +186,21 @@ def data_quality(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Cursor = None,
 ):
-    """Prompts a user may want to fix or drop: never passed (likely wrong labels or
-    unverifiable answers), always passed (no gradient left), reward that flips (a noisy
-    verifier), each with its evidence and a confidence from the run's own estimates."""
+    """Prompts a user may want to fix or drop: wrong labels (never passed where prompts like
+    them pass), too hard for now (never passed, as prompts of their level do), always
+    passed (no gradient left), noisy (outcomes inconsistent at a stable level) and learned
+    (failing, then passing), each with its evidence and a confidence from the run's own
+    model (``service/quality.py``)."""
     run = engine.get_run(session, run_id)
     state = engine.context(session, run)
-    counts, rows = _findings(state, kind, domain, min_rollouts, min_confidence, sort, order)
+    counts, rows, model = _findings(state, kind, domain, min_rollouts, min_confidence, sort, order)
     criteria = {"min_rollouts": min_rollouts, "min_confidence": min_confidence}
     if format == "json":
         raw = _decode_cursor(cursor, _OFFSET)
         start = int(raw) if raw is not None else 0
         page = rows[start : start + limit]
         nxt = _encode_cursor(start + limit) if start + limit < len(rows) else None
-        return {"counts": counts, "criteria": criteria, "items": page, "next_cursor": nxt}
+        return {"counts": counts, "criteria": criteria, "model": model, "items": page, "next_cursor": nxt}
 
     def lines() -> Iterator[str]:
         if format == "jsonl":

@@ -159,10 +159,9 @@ class SkillDifficultyModel:
         w = cnt / (cnt + 5.0)
         return mean, np.maximum(w * var + (1 - w) * self.prior_var, 0.05)
 
-    def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
-        """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
-        tau = self.tau_[o].astype(np.float64)
-        seen = tau > 0
+    def _prior_belief(self, d: np.ndarray, prior_logit: np.ndarray, pred=None) -> tuple[np.ndarray, np.ndarray]:
+        """(μ, var) of the difficulty of a never-seen prompt of domain ``d``: its client
+        prior, else its predictor's, else its domain's distribution of difficulties."""
         dm, dv = self.domain_difficulty()
         has_prior = ~np.isnan(prior_logit)
         mu0 = np.where(has_prior, self.skill_now()[d] - np.nan_to_num(prior_logit), dm[d])
@@ -172,6 +171,22 @@ class SkillDifficultyModel:
             use = ~has_prior & ~np.isnan(rel)
             mu0 = np.where(use, dm[d] - np.nan_to_num(rel), mu0)
             var0 = np.where(use, np.minimum(np.nan_to_num(rel_var, nan=1.0), dv[d]), var0)
+        return mu0, var0
+
+    def prior_logit_belief(
+        self, d: np.ndarray, prior_logit: np.ndarray, step: int, pred=None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of θ_d − b at ``step`` for a prompt of domain ``d`` at its prior
+        difficulty (its own evidence left out): how prompts like it pass now."""
+        mu0, var0 = self._prior_belief(d, prior_logit, pred)
+        th, th_var = self._skill(d, step)
+        return th - mu0, var0 + th_var
+
+    def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
+        """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
+        tau = self.tau_[o].astype(np.float64)
+        seen = tau > 0
+        mu0, var0 = self._prior_belief(d, prior_logit, pred)
         gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
         var_seen = 1.0 / np.where(seen, tau, 1.0) + self.difficulty_drift * gap
         return np.where(seen, self.mu_[o].astype(np.float64), mu0), np.where(seen, var_seen, var0)

@@ -74,7 +74,7 @@ class PoolState:
     logit variance v (Var p ≈ v·(m(1−m))² = m(1−m)/(κ+1)), capped at
     ``eb_max_strength``.
 
-    Memory: the columns are compact (a pool of N prompts holds about 41 N bytes here, plus
+    Memory: the columns are compact (a pool of N prompts holds about 49 N bytes here, plus
     8 N with client priors and 8 N with the predictor): per-prompt counts and steps are
     int32 and become int64 (``widen``) at the first value that would not fit — a function
     of the log, so every replica widens at the same event; estimates are stored as float32
@@ -110,6 +110,13 @@ class PoolState:
     # float64: a sum that must not depend on how a step's groups were batched.
     _reward_sum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     _last_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    # The order of a prompt's outcomes (``service/quality.py``: noisy vs learned), from its
+    # groups' mean rewards y₁, y₂, …: the sum of squared successive differences (yⱼ − yⱼ₋₁)²
+    # without its largest one (one change of level, a prompt learned or forgotten, is not
+    # noise), that largest one, and the last group's mean.
+    _diff_sq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    _diff_max: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float16))
+    _last_mean: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float16))
     _max_rollouts: int = 0  # the largest per-prompt rollout count (≥ every other count)
     _dom: np.ndarray = field(default_factory=lambda: np.zeros((1, 4), np.float64))
     # Sparse columns, None until a first value is set (most pools have no client priors
@@ -180,6 +187,21 @@ class PoolState:
     def last_step(self) -> np.ndarray:
         return self._last_step[: self.size]
 
+    @property
+    def diff_sq(self) -> np.ndarray:
+        """Σ (yⱼ − yⱼ₋₁)² over the prompt's successive groups' mean rewards, less the largest term."""
+        return self._diff_sq[: self.size]
+
+    @property
+    def diff_max(self) -> np.ndarray:
+        """The largest (yⱼ − yⱼ₋₁)² of the prompt's successive groups (float16)."""
+        return self._diff_max[: self.size]
+
+    @property
+    def last_mean(self) -> np.ndarray:
+        """The mean reward (on [0, 1]) of the prompt's last reported group (float16)."""
+        return self._last_mean[: self.size]
+
     # -- changes ----------------------------------------------------------------
     def set_prompts(
         self,
@@ -202,6 +224,9 @@ class PoolState:
             ("_failed_groups", 0),
             ("_reward_sum", 0.0),
             ("_last_step", -1),
+            ("_diff_sq", 0.0),
+            ("_diff_max", 0.0),
+            ("_last_mean", 0.0),
         ):
             setattr(self, name, grow(getattr(self, name), new_size, fill))
         for name in ("_prior", "_prior_strength", "_pred_rel", "_pred_var"):
@@ -290,6 +315,7 @@ class PoolState:
         for name in ("_rollouts", "_groups", "_informative_groups", "_solved_groups", "_failed_groups"):
             setattr(self, name, widen(getattr(self, name), top))
         self._last_step = widen(self._last_step, int(obs.step.max()))
+        had_groups = self._groups[o] > 0  # before this report (a prompt's later groups here: by round)
         np.add.at(self._rollouts, o, obs.n)
         self._max_rollouts = max(self._max_rollouts, int(self._rollouts[o].max()))
         np.add.at(self._groups, o, 1)
@@ -304,12 +330,22 @@ class PoolState:
         for r in range(int(rank.max()) + 1):
             m = rank == r
             om = o[m]
+            self._observe_order(om, obs.n[m], obs.successes[m], had_groups[m] | (rank[m] > 0))
             old = self._contrib(om)
             self.beta.update_unique(om, w[m] * obs.n[m], w[m] * obs.successes[m])
             np.add.at(self._dom, self._domain[om], self._contrib(om) - old)
         self.step = max(self.step, int(obs.step.max()))
         for t in self.trackers.values():
             t.observe(self, obs)
+
+    def _observe_order(self, o: np.ndarray, n: np.ndarray, k: np.ndarray, has_prev: np.ndarray) -> None:
+        """One group per prompt ``o`` (unique): its mean reward's difference to the last one."""
+        y = k / np.maximum(n, 1)
+        d2 = np.where(has_prev, (y - self._last_mean[o].astype(np.float64)) ** 2, 0.0)
+        top = self._diff_max[o].astype(np.float64)
+        self._diff_sq[o] += np.minimum(d2, top)  # the smaller of the new term and the old largest
+        self._diff_max[o] = np.maximum(d2, top)
+        self._last_mean[o] = y
 
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:

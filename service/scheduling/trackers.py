@@ -102,6 +102,11 @@ class SkillTracker:
     def latent_probs(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         return self.model.latent_probs(idx, pool.domain[idx], step)
 
+    def prior_logit_belief(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """θ_d − b of prompts ``idx`` at their prior difficulty, their own groups left out."""
+        p = self._prompts(pool, idx)
+        return self.model.prior_logit_belief(p["d"], p["prior_logit"], step, p["pred"])
+
     per_domain = ("skill", "skill_sd", "prior_p_stuck", "prior_p_solved")
 
     def inspect(self) -> dict:

@@ -741,7 +741,7 @@ const RP = (() => {
         ? JSON.stringify(hist.current.strategy_state, null, 2) : "(this strategy exposes no extra state)";
       // The table is re-read while it shows every match (not after "more" was used).
       if (!source || promptsComplete) await loadPrompts(false);
-      if (!qualityLoaded) { qualityLoaded = true; fillQualityDomains(names); await loadQuality(); }
+      await refreshQuality(names, run.stats);
       return run.stats;
     }
 
@@ -770,21 +770,45 @@ const RP = (() => {
       })), { y: { range: [0, 1] }, xLabel: "window", yLabel: "share of groups", smooth: false, shared: false });
     }
 
-    // -- data quality: loaded once and on "apply" (it reads the whole pool) -----------------
-    let qualityLoaded = false;
+    // -- data quality: filters and sort in the URL (dq_*), re-read when the run changes -------
+    const QUALITY_DEFAULTS = { kind: "", domain: "", min_confidence: "0.5", min_rollouts: "1", sort: "confidence", order: "desc" };
+    const QUALITY_KEYS = Object.keys(QUALITY_DEFAULTS);
+    const QUALITY_TEXT = { broken: "wrong label", too_hard: "too hard for now", solved: "always solved", noisy: "noisy", learned: "learned" };
     const qform = document.getElementById("quality-filter");
-    function fillQualityDomains(names) {
-      const sel = qform.querySelector("select[name=domain]");
-      sel.replaceChildren(el("option", { value: "" }, "any"), ...names.filter(n => n !== null).map(n => el("option", { value: n }, n)));
+    const qtable = document.getElementById("quality");
+    let quality = { ...QUALITY_DEFAULTS };
+    for (const k of QUALITY_KEYS) if (params.has("dq_" + k)) quality[k] = params.get("dq_" + k);
+    for (const k of ["kind", "min_confidence", "min_rollouts"]) {
+      const inp = qform.elements[k];
+      inp.value = quality[k];
+      if (inp.value !== quality[k]) inp.value = quality[k] = QUALITY_DEFAULTS[k]; // not an option: default
     }
-    function qualityQuery() {
-      const q = new URLSearchParams();
-      for (const [k, v] of new FormData(qform)) if (v !== "") q.set(k, v);
-      return q;
+    let qualitySig = null, qualityDomains = null;
+    function fillQualityDomains(names) {
+      const known = JSON.stringify(names);
+      if (known === qualityDomains) return;
+      qualityDomains = known;
+      const sel = qform.elements.domain;
+      sel.replaceChildren(el("option", { value: "" }, "any"), ...names.filter(n => n !== null).map(n => el("option", { value: n }, n)));
+      sel.value = quality.domain;
+      if (sel.value !== quality.domain) sel.value = quality.domain = "";
+    }
+    function writeQuality() {
+      const upd = {};
+      for (const k of QUALITY_KEYS) upd["dq_" + k] = quality[k] === QUALITY_DEFAULTS[k] ? null : quality[k];
+      setParams(upd);
+    }
+    function showQualitySort() {
+      for (const b of qtable.querySelectorAll("thead button[data-sort]")) {
+        const on = b.dataset.sort === quality.sort;
+        b.closest("th").setAttribute("aria-sort", on ? (quality.order === "asc" ? "ascending" : "descending") : "none");
+        b.dataset.arrow = on ? (quality.order === "asc" ? "▲" : "▼") : "";
+      }
     }
     async function loadQuality() {
       const base = "/v1/runs/" + encodeURIComponent(runId) + "/data-quality";
-      const q = qualityQuery();
+      const q = new URLSearchParams();
+      for (const k of QUALITY_KEYS) if (quality[k] !== "") q.set(k, quality[k]);
       for (const f of ["csv", "jsonl"]) {
         const d = new URLSearchParams(q); d.set("format", f);
         document.getElementById("quality-" + f).href = base + "?" + d;
@@ -793,17 +817,41 @@ const RP = (() => {
       const page = await apiAll(base + "?" + q);
       const c = page.counts;
       document.getElementById("quality-counts").textContent =
-        "At this confidence: " + c.broken + " broken, " + c.solved + " always solved, " + c.noisy + " noisy"
-        + (page.items.length ? "" : ".");
+        "At this confidence: " + c.broken + " wrong labels, " + c.too_hard + " too hard for now, " + c.solved + " always solved, "
+        + c.noisy + " noisy, " + c.learned + " learned (confidence: " + (page.model === "strategy" ? "the strategy's own stuck/solved model" : "a Beta test per domain") + ").";
       fillTable("quality", page.items.map(i => el("tr", { "data-prompt": i.prompt_id, "data-kind": i.kind },
         el("td", {}, el("a", { href: "/ui/runs/" + encodeURIComponent(runId) + "/prompts/" + encodeURIComponent(i.prompt_id) }, i.prompt_id)),
-        el("td", {}, i.domain ?? "(none)"), el("td", {}, i.kind), el("td", {}, fmt(i.confidence)),
+        el("td", {}, i.domain ?? "(none)"), el("td", {}, QUALITY_TEXT[i.kind] || i.kind), el("td", {}, fmt(i.confidence)),
         el("td", {}, fmt(i.groups)), el("td", {}, fmt(i.rollouts)), el("td", {}, fmt(i.passes, 1)),
-        el("td", {}, fmt(i.all_pass_groups)), el("td", {}, fmt(i.all_fail_groups)), el("td", {}, i.last_step ?? "–"),
-        el("td", {}, fmt(i.predicted_pass_rate)))));
+        el("td", {}, fmt(i.all_pass_groups)), el("td", {}, fmt(i.all_fail_groups)), el("td", {}, fmt(i.last_group_mean, 2)),
+        el("td", {}, i.last_step ?? "–"), el("td", {}, fmt(i.predicted_pass_rate)))));
       document.getElementById("quality-empty").hidden = page.items.length > 0;
+      showQualitySort();
     }
-    qform.addEventListener("submit", (e) => { e.preventDefault(); loadQuality().catch(err => status(err.message, true)); });
+    /* Re-read with each refresh that found the run changed (it reads the whole pool). */
+    async function refreshQuality(names, stats) {
+      fillQualityDomains(names);
+      const sig = JSON.stringify([stats.rollouts, stats.steps, stats.prompts]);
+      if (sig === qualitySig) return;
+      qualitySig = sig;
+      await loadQuality();
+    }
+    qform.addEventListener("submit", (e) => {
+      e.preventDefault();
+      for (const k of ["kind", "domain", "min_confidence", "min_rollouts"]) quality[k] = qform.elements[k].value;
+      writeQuality();
+      loadQuality().catch(err => status(err.message, true));
+    });
+    for (const b of qtable.querySelectorAll("thead button[data-sort]")) {
+      b.onclick = () => {
+        const key = b.dataset.sort;
+        const text = ["prompt_id", "domain", "kind"].includes(key);
+        quality.order = key === quality.sort ? (quality.order === "asc" ? "desc" : "asc") : (text ? "asc" : "desc");
+        quality.sort = key;
+        writeQuality();
+        loadQuality().catch(err => status(err.message, true));
+      };
+    }
     schedule(refresh);
   }
 
