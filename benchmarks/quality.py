@@ -88,7 +88,7 @@ def run(
         pool.observe(_observations(d.ordinals, d.rollouts, k, step))
     sim_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    f = quality.find_pool(pool, strategy, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE)
+    f = quality.find_pool(pool, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE)
     find_s = time.perf_counter() - t0
     kinds = np.array(quality.KINDS)[f.kind] if f.ordinals.size else np.array([], dtype=object)
     seen = pool.rollouts > 0

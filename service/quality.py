@@ -53,7 +53,6 @@ from typing import Any
 
 import numpy as np
 from scipy import special
-from scipy import stats as scipy_stats
 
 from .runstate import RunState
 from .scheduling.pool import PoolState
@@ -144,33 +143,75 @@ def _posterior(fail, win, lik_normal, ps, pv):
     return es / z, ev / z, en / z
 
 
-def beta_classes(pool: PoolState, group_size: np.ndarray) -> Classes:
+@dataclass
+class Evidence:
+    """The seen prompts' counts (arrays over ``idx``, the ordinals with a rollout): every
+    computation here runs over these, not the whole pool (most of a large pool is unseen)."""
+
+    idx: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    d: np.ndarray
+    D: int
+    groups: np.ndarray
+    failed_groups: np.ndarray
+    diff_sq: np.ndarray
+    diff_max: np.ndarray
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, pool: PoolState) -> Evidence:
+        idx = np.flatnonzero(pool.rollouts > 0)
+        f = np.float64
+        return cls(
+            idx,
+            pool.rollouts[idx].astype(f),
+            pool.reward_sum[idx].astype(f),
+            pool.domain[idx].astype(np.int64),
+            max(pool.n_domains, 1),
+            pool.groups[idx].astype(f),
+            pool.failed_groups[idx].astype(f),
+            pool.diff_sq[idx].astype(f),
+            pool.diff_max[idx].astype(f),
+            pool.last_mean[idx].astype(f),
+        )
+
+    @property
+    def group_size(self) -> np.ndarray:
+        return self.n / np.maximum(self.groups, 1)
+
+
+def beta_classes(ev: Evidence) -> Classes:
     """The stuck / solved / normal classes fitted by empirical Bayes over the pool (the
     test for strategies without latent classes of their own; see the module docstring)."""
-    return _em(pool, group_size, None, "beta")
+    return _em(ev, None, "beta")
 
 
-def _em(pool: PoolState, group_size: np.ndarray, centre: np.ndarray | None, source: str) -> Classes:
-    """EM over the pool for the three classes: normal prompts' Beta (``_domain_beta``) and
-    the class shares per domain (``_shares``)."""
-    n = pool.rollouts.astype(np.float64)
-    k = pool.reward_sum.astype(np.float64)
-    d = pool.domain.astype(np.int64)
-    D = max(pool.n_domains, 1)
-    seen = n > 0
-    fail = seen & (k <= 1e-9)
-    win = seen & (k >= n - 1e-9)
+def _em(ev: Evidence, centre: np.ndarray | None, source: str) -> Classes:
+    """EM over the seen prompts for the three classes: normal prompts' Beta
+    (``_domain_beta``) and the class shares per domain (``_shares``)."""
+    n, k, d, D = ev.n, ev.k, ev.d, ev.D
+    seen = np.ones(n.size, bool)
+    fail = k <= 1e-9
+    win = k >= n - 1e-9
     ps = np.full(D, _SHARE_PRIOR)
     pv = np.full(D, _SHARE_PRIOR)
-    ad, bd = _domain_beta(d, n, k, (seen & ~fail & ~win).astype(np.float64), D, centre)  # start: normal = mixed
-    qs = qv = np.zeros(n.size)
+    ad, bd = _domain_beta(d, n, k, (~fail & ~win).astype(np.float64), D, centre)  # start: normal = mixed
+    # Only never/always-passed prompts can be stuck or solved: a mixed one is normal for
+    # sure, so the likelihoods are computed over the extremes alone.
+    ext = np.flatnonzero(fail | win)
+    fe, we, ke, ne, de = fail[ext], win[ext], k[ext], n[ext], d[ext]
+    qs, qv, qn = np.zeros(n.size), np.zeros(n.size), np.ones(n.size)
     for _ in range(EM_ROUNDS):
-        qs, qv, qn = _posterior(fail, win, _betaln_ratio(ad, bd, ad + k, bd + n - k), ps[d], pv[d])
+        ae, be = ad[ext], bd[ext]
+        qs[ext], qv[ext], qn[ext] = _posterior(fe, we, _betaln_ratio(ae, be, ae + ke, be + ne - ke), ps[de], pv[de])
         ps, pv = _shares(qs, seen, d, D), _shares(qv, seen, d, D)
-        ad, bd = _domain_beta(d, n, k, np.where(seen, qn, 0.0), D, centre)
-    # A normal prompt's pass rate given its evidence: Beta(a + k, b + n − k).
-    nf = _betaln_ratio(ad + k, bd + n - k, ad + k, bd + n - k + group_size)
-    return Classes(np.where(seen, qs, 0.0), np.where(seen, qv, 0.0), nf, source)
+        ad, bd = _domain_beta(d, n, k, qn, D, centre)
+    # A normal never-passed prompt's pass rate given its evidence: Beta(a, b + n).
+    nf = np.zeros(n.size)
+    z = np.flatnonzero(fail)
+    nf[z] = _betaln_ratio(ad[z], bd[z] + n[z], ad[z], bd[z] + n[z] + ev.group_size[z])
+    return Classes(qs, qv, nf, source)
 
 
 # Three-point Gauss–Hermite rule for E[f(x)], x ~ N(μ, σ²).
@@ -178,26 +219,25 @@ _GH_X = np.array([-np.sqrt(3.0), 0.0, np.sqrt(3.0)])
 _GH_W = np.array([1 / 6, 2 / 3, 1 / 6])
 
 
-def classes(pool: PoolState, strategy: Any, step: int, group_size: np.ndarray) -> Classes:
+def classes(pool: PoolState, ev: Evidence, step: int) -> Classes:
     """The strategy's own stuck / solved model where it has one (the item-response model's
-    latent classes: its class shares, and how prompts of the domain at the prompt's prior
-    difficulty pass now), else ``beta_classes``."""
+    latent classes: how prompts of the domain at the prompt's prior difficulty pass now,
+    the classes' shares refitted with it), else ``beta_classes`` (arrays over ``ev.idx``)."""
     tracker = pool.trackers.get("skill")
-    if not isinstance(tracker, SkillTracker) or not tracker.model.latent or pool.size == 0:
-        return beta_classes(pool, group_size)
-    every = np.arange(pool.size, dtype=np.int64)
+    if not isinstance(tracker, SkillTracker) or not tracker.model.latent or ev.idx.size == 0:
+        return beta_classes(ev)
     # How prompts like it pass now: the model's domain skill against the prompt's prior
     # difficulty, its own groups left out (probit approximation of E[σ(x)]).
-    xp, vp = tracker.prior_logit_belief(pool, every, step)
+    xp, vp = tracker.prior_logit_belief(pool, ev.idx, step)
     centre = 1.0 / (1.0 + np.exp(-xp / np.sqrt(1.0 + np.pi * vp / 8.0)))
-    c = _em(pool, group_size, centre, "strategy")
+    c = _em(ev, centre, "strategy")
     # Given normal, the next group from the model's own belief of the prompt.
-    x, v = tracker.logit(pool, every, step)
+    x, v = tracker.logit(pool, ev.idx, step)
     sd = np.sqrt(v)
-    nf = np.zeros(pool.size)
+    nf = np.zeros(ev.idx.size)
     for gx, gw in zip(_GH_X, _GH_W, strict=True):
         p = 1.0 / (1.0 + np.exp(-(x + sd * gx)))
-        nf += gw * (1.0 - p) ** group_size
+        nf += gw * (1.0 - p) ** ev.group_size
     c.next_fail_normal = nf
     return c
 
@@ -206,7 +246,7 @@ def _scaled_chi2_sf(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     """P(X > x) for X matched to mean q and variance 3q − 1 by a scaled χ² (a Gamma)."""
     q = np.maximum(q, 1.0)
     var = 3.0 * q - 1.0
-    return scipy_stats.gamma.sf(x, a=q * q / var, scale=var / q)
+    return special.gammaincc(q * q / var, x * q / var)
 
 
 def _p_to_posterior(p: np.ndarray, share: float) -> np.ndarray:
@@ -224,44 +264,35 @@ NOISY_SHARE = 0.02  # prior share of noisy prompts
 LEARNED_SHARE = 0.10  # prior share, among prompts with an all-fail group and 3+ groups, of learned ones
 
 
-def order_tests(pool: PoolState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(eligible, P(noisy), P(learned)) per prompt from its ordered outcomes (module docstring)."""
-    n = pool.rollouts.astype(np.float64)
-    k = pool.reward_sum.astype(np.float64)
-    G = pool.groups.astype(np.float64)
-    S = pool.diff_sq.astype(np.float64)
-    last = pool.last_mean.astype(np.float64)
+def order_tests(ev: Evidence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(eligible, P(noisy), P(learned)) per seen prompt from its ordered outcomes (module docstring)."""
+    n, k, G, S = ev.n, ev.k, ev.groups, ev.diff_sq
     ok = (G >= 3) & (k > 1e-9) & (k < n - 1e-9)
     p = np.clip(k / np.maximum(n, 1), 1e-6, 1 - 1e-6)
-    m = n / np.maximum(G, 1)
-    v = p * (1 - p) / np.maximum(m, 1)
+    v = p * (1 - p) / np.maximum(ev.group_size, 1)
     q = np.maximum(G - 2, 1)
     noisy = np.where(ok, _p_to_posterior(_scaled_chi2_sf(S / (2 * v), q), NOISY_SHARE), 0.0)
     # One change of level: the largest jump, tested against the largest of G − 1 stable
     # differences (Bonferroni), upward (its last group above its mean), not noise beyond it.
-    M = pool.diff_max.astype(np.float64)
-    p_jump = np.minimum(1.0, (G - 1) * scipy_stats.chi2.sf(M / (2 * v), 1))
-    up = ok & (pool.failed_groups > 0) & (last > p)
+    p_jump = np.minimum(1.0, np.maximum(G - 1, 1) * special.erfc(np.sqrt(ev.diff_max / (4 * v))))
+    up = ok & (ev.failed_groups > 0) & (ev.last > p)
     learned = np.where(up, _p_to_posterior(p_jump, LEARNED_SHARE) * (1.0 - noisy), 0.0)
     return ok, noisy, learned
 
 
-def confidences(pool: PoolState, strategy: Any, step: int, min_rollouts: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """(conf, allowed, model): each kind's confidence per prompt (len(KINDS) × size), whether
-    the prompt's evidence allows that kind at all (min_rollouts included), and whose
-    stuck/solved posterior was used ("strategy" or "beta")."""
-    size = pool.size
-    n = pool.rollouts.astype(np.float64)
-    k = pool.reward_sum.astype(np.float64)
-    G = pool.groups.astype(np.float64)
-    group_size = np.where(G > 0, n / np.maximum(G, 1), 1.0)
-    c = classes(pool, strategy, step, group_size)
-    enough = (n >= min_rollouts) & (n > 0)
+def confidences(pool: PoolState, step: int, min_rollouts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(idx, conf, allowed, model) over the seen prompts ``idx``: each kind's confidence
+    (len(KINDS) × len(idx)), whether the prompt's evidence allows that kind at all
+    (min_rollouts included), and whose stuck/solved posterior was used ("strategy" or "beta")."""
+    ev = Evidence.of(pool)
+    c = classes(pool, ev, step)
+    n, k = ev.n, ev.k
+    enough = n >= min_rollouts
     never = enough & (k <= 1e-9)
     always = enough & (k >= n - 1e-9)
-    ok, noisy, learned = order_tests(pool)
-    allowed = np.zeros((len(KINDS), size), bool)
-    conf = np.zeros((len(KINDS), size))
+    ok, noisy, learned = order_tests(ev)
+    allowed = np.zeros((len(KINDS), n.size), bool)
+    conf = np.zeros((len(KINDS), n.size))
     allowed[BROKEN] = allowed[TOO_HARD] = never
     allowed[SOLVED] = always
     allowed[NOISY] = allowed[LEARNED] = enough & ok
@@ -271,23 +302,24 @@ def confidences(pool: PoolState, strategy: Any, step: int, min_rollouts: int) ->
     conf[NOISY] = noisy
     conf[LEARNED] = learned
     conf = np.where(allowed, np.clip(conf, 0.0, 1.0), -1.0)
-    return conf, allowed, c.source
+    return ev.idx, conf, allowed, c.source
 
 
-def find_pool(pool: PoolState, strategy: Any, *, min_rollouts: int, min_confidence: float) -> Findings:
-    """The findings of a pool under its strategy (``find`` reads a run's state)."""
-    conf, allowed, model = confidences(pool, strategy, pool.step + 1, min_rollouts)
-    kind = np.argmax(conf, axis=0)
-    best = conf[kind, np.arange(pool.size)]
+def find_pool(pool: PoolState, *, min_rollouts: int, min_confidence: float) -> Findings:
+    """The findings of a pool (``find`` reads a run's state); the strategy's model is the
+    pool's trackers."""
+    idx, conf, allowed, model = confidences(pool, pool.step + 1, min_rollouts)
+    kind = np.argmax(conf, axis=0) if idx.size else np.zeros(0, np.int64)
+    best = conf[kind, np.arange(idx.size)]
     hit = allowed.any(axis=0) & (best >= min_confidence)
     counts = {name: int((hit & (kind == i)).sum()) for i, name in enumerate(KINDS)}
     sel = np.flatnonzero(hit)
-    return Findings(sel, kind[sel], best[sel], counts, model)
+    return Findings(idx[sel], kind[sel], best[sel], counts, model)
 
 
 def find(state: RunState, *, min_rollouts: int, min_confidence: float) -> Findings:
     with state.read() as pool:
-        return find_pool(pool, state.strategy, min_rollouts=min_rollouts, min_confidence=min_confidence)
+        return find_pool(pool, min_rollouts=min_rollouts, min_confidence=min_confidence)
 
 
 def evidence(state: RunState, ordinals: np.ndarray) -> dict[str, Any]:
