@@ -137,7 +137,19 @@ def test_learner_calibration_references():
 def test_cli_knows_the_benchmarks():
     from rollplan.service.cli import BENCHMARKS
 
-    assert set(BENCHMARKS) >= {"learner", "sim", "speed"}
+    assert set(BENCHMARKS) >= {"learner", "sim", "speed", "quality"}
+
+
+def test_quality_smoke(tmp_path):
+    """``rollplan bench quality --smoke``: both worlds, every strategy asked, a summary row each."""
+    from rollplan.benchmarks import quality
+
+    res = quality.main(["--smoke", "--out", str(tmp_path)])
+    assert {(s["world"], s["strategy"]) for s in res["summary"]} == {
+        (w, s) for w in ("planted", "learned") for s in ("default", "uniform", "beta")}
+    assert (tmp_path / "quality.json").exists()
+    planted = {s["strategy"]: s for s in res["summary"] if s["world"] == "planted"}
+    assert planted["uniform"]["never_recall"] > 0 and planted["uniform"]["never_precision"] > 0
 
 
 def test_bench_name_help_shows_the_benchmarks_own_options():

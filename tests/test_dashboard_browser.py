@@ -289,27 +289,86 @@ def test_coverage_panel_shows_the_api_numbers(live, browser):
 
 def test_data_quality_view_lists_what_the_api_finds(live, browser):
     """The run page's data-quality table shows the endpoint's findings for the form's
-    filters, and its download links carry the same filters."""
+    filters (at the endpoint's defaults first), and its download links carry the same filters."""
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     server, sim = live
     base = f"/v1/runs/{sim.run_id}/data-quality"
     open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
-    want = api(server, base, kind="broken", min_confidence=0.9, min_rollouts=16, limit=1000)["items"]
+    want = api(server, base, limit=1000)["items"]
+    assert want, "the simulated run has findings at the defaults"
     WebDriverWait(browser, 30).until(lambda d: d.find_element("id", "quality-counts").text != "")
     assert attrs(browser, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in want]
     form = browser.find_element("id", "quality-filter")
-    Select(form.find_element("name", "kind")).select_by_value("")
+    Select(form.find_element("name", "kind")).select_by_value("broken")
     conf = form.find_element("name", "min_confidence")
     conf.clear()
-    conf.send_keys("0.5")
+    conf.send_keys("0.2")
     form.find_element("css selector", "button[type=submit]").click()
-    wide = api(server, base, min_confidence=0.5, min_rollouts=16, limit=1000)["items"]
-    assert wide, "the simulated run has prompts to list at confidence 0.5"
+    wide = api(server, base, kind="broken", min_confidence=0.2, limit=1000)["items"]
+    assert wide, "the simulated run has wrong-label suspects at confidence 0.2"
     WebDriverWait(browser, 30).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in wide])
-    assert attrs(browser, "#quality tbody tr", "data-kind") == [i["kind"] for i in wide]
+    assert set(attrs(browser, "#quality tbody tr", "data-kind")) == {"broken"}
     href = browser.find_element("id", "quality-csv").get_attribute("href")
-    assert "format=csv" in href and "min_confidence=0.5" in href
+    assert "format=csv" in href and "min_confidence=0.2" in href and "kind=broken" in href
     text = httpx.get(href, timeout=60).text
     assert {line.split(",")[0] for line in text.splitlines()[1:]} == {i["prompt_id"] for i in wide}
+    assert_no_console_errors(browser)
+
+
+def test_data_quality_filters_and_sort_live_in_the_url(live, browser):
+    """The data-quality filters and the sort (a click on a header; again: the other order)
+    are written to the URL, and a page opened on that URL shows the same table."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    server, sim = live
+    base = f"/v1/runs/{sim.run_id}/data-quality"
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0&dq_sort=rollouts&dq_order=asc")
+    want = api(server, base, sort="rollouts", order="asc", limit=1000)["items"]
+    WebDriverWait(browser, 30).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in want])
+    th = browser.find_element("css selector", '#quality th:has(button[data-sort="rollouts"])')
+    assert th.get_attribute("aria-sort") == "ascending"
+    form = browser.find_element("id", "quality-filter")
+    Select(form.find_element("name", "domain")).select_by_value("code")
+    form.find_element("css selector", "button[type=submit]").click()
+    WebDriverWait(browser, 30).until(lambda d: "dq_domain=code" in d.current_url)
+    browser.find_element("css selector", '#quality button[data-sort="groups"]').click()
+    by_groups = api(server, base, domain="code", sort="groups", order="desc", limit=1000)["items"]
+    assert by_groups and {i["domain"] for i in by_groups} == {"code"}
+    WebDriverWait(browser, 30).until(
+        lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in by_groups])
+    assert "dq_sort=groups" in browser.current_url and "dq_order" not in browser.current_url  # desc: the default
+    browser.find_element("css selector", '#quality button[data-sort="groups"]').click()  # again: ascending
+    asc = api(server, base, domain="code", sort="groups", order="asc", limit=1000)["items"]
+    WebDriverWait(browser, 30).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in asc])
+    url = browser.current_url
+    assert "dq_order=asc" in url
+    groups = [int(c.text.replace(",", "")) for c in browser.find_elements("css selector", "#quality tbody tr td:nth-child(5)")]
+    assert groups == sorted(groups)
+    # The URL alone brings the same table back.
+    open_page(browser, url)
+    WebDriverWait(browser, 30).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == [i["prompt_id"] for i in asc])
+    assert Select(browser.find_element("css selector", "#quality-filter select[name=domain]")).first_selected_option.get_attribute("value") == "code"
+    assert_no_console_errors(browser)
+
+
+def test_data_quality_refreshes_while_live(live, browser):
+    """New reports change the data-quality table without reloading the page: a prompt that
+    fails every rollout where its domain's prompts pass half the time joins it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, _ = live
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.put("/v1/runs/dq-live", json={"strategy": {"name": "uniform"}}).status_code == 201
+        prompts = [{"id": f"p{i}", "domain": "d"} for i in range(40)]
+        assert c.post("/v1/runs/dq-live/prompts", json={"prompts": prompts}).status_code == 200
+        body = {"report_id": "a", "step": 0, "results": [{"prompt_id": f"p{i}", "rewards": [1, 0] * 4} for i in range(39)]}
+        assert c.post("/v1/runs/dq-live/results", json=body).status_code == 200
+        open_page(browser, server.url + "/ui/runs/dq-live?refresh=1")
+        assert attrs(browser, "#quality tbody tr", "data-prompt") == []  # one mixed group each: nothing to say
+        body = {"report_id": "b", "step": 1, "results": [{"prompt_id": "p39", "rewards": [0] * 8}]}
+        assert c.post("/v1/runs/dq-live/results", json=body).status_code == 200
+        want = c.get("/v1/runs/dq-live/data-quality").json()["items"]
+    assert [(i["prompt_id"], i["kind"]) for i in want] == [("p39", "broken")]
+    WebDriverWait(browser, 60).until(lambda d: attrs(d, "#quality tbody tr", "data-prompt") == ["p39"])
     assert_no_console_errors(browser)
