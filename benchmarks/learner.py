@@ -67,6 +67,12 @@ reward)² (None for the oracle arms, which have no plan); ``brier_beta`` and
 prompt's own Beta(1, 1) posterior mean over its past groups in this run and the
 running mean reward (over past groups) of its level.
 
+Data quality, per strategy arm on the plugin path (``data_quality``): the run's
+``/data-quality`` findings at the end, at the endpoint's defaults, against the wrong
+labels: precision and recall of ``broken`` over every level and over the levels the
+final policy passes ≥ 30 % of the time (exact pass rates of the level's correct
+prompts), and how many ``too_hard`` findings are wrong labels.
+
 Writes ``learner.json`` (summary + every run's curves), ``learner_accuracy.png``
 (held-out exact accuracy against cumulative rollouts), ``learner_effective.png``
 (share of rollouts in informative groups per step) and prints a markdown table.
@@ -564,7 +570,57 @@ def run_arm(job: dict) -> dict:
             planner.close(check=False)  # the loop's error is the one to see
             raise
         planner.close()
+        row["data_quality"] = data_quality_row(url, run_id, world, model)
         return row
+
+
+def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 0.3) -> dict:
+    """The run's data-quality findings at its end (the endpoint's defaults) against the
+    truth: wrong-label (``broken``) precision and recall over every level and over the
+    levels the final policy passes ≥ ``reach`` of the time (exact pass rates of the level's
+    correctly labelled prompts), and how many ``too_hard`` findings are wrong labels."""
+    import httpx
+
+    r = httpx.get(f"{url}/v1/runs/{run_id}/data-quality", params={"format": "jsonl"}, timeout=300)
+    r.raise_for_status()
+    found = [json.loads(line) for line in r.text.splitlines() if line]
+    model.eval()
+    with torch.no_grad():
+        p = np.concatenate([
+            np.asarray(model.pass_rate(world.pool.prompt[i : i + 256], world.pool.label[i : i + 256]))
+            for i in range(0, world.pool.prompt.shape[0], 256)
+        ])  # fmt: skip
+    level = np.asarray(world.pool.level, np.int64)
+    broken = np.asarray(world.pool.broken, bool)
+    ok = ~broken
+    levels = np.unique(level)
+    rate = {int(lv): float(p[(level == lv) & ok].mean()) if ((level == lv) & ok).any() else 0.0 for lv in levels}
+    reachable = np.array([rate[int(lv)] >= reach for lv in level])
+    kind = np.full(level.size, "", dtype=object)
+    for f in found:
+        kind[world.index[f["prompt_id"]]] = f["kind"]
+
+    def pr(flagged: np.ndarray, truth: np.ndarray) -> dict:
+        hit = int((flagged & truth).sum())
+        return {
+            "found": int(flagged.sum()),
+            "true": int(truth.sum()),
+            "precision": hit / flagged.sum() if flagged.any() else None,
+            "recall": hit / truth.sum() if truth.any() else None,
+        }
+
+    wrong = kind == "broken"
+    hard = kind == "too_hard"
+    return {
+        "reach": reach,
+        "level_pass_rate": rate,
+        "counts": {k: int((kind == k).sum()) for k in ("broken", "too_hard", "solved", "noisy", "learned")},
+        "wrong_label_all_levels": pr(wrong, broken),
+        "wrong_label_reachable_levels": pr(wrong & reachable, broken & reachable),
+        "too_hard_that_are_wrong_labels": int((hard & broken).sum()),
+        "too_hard_in_reachable_levels": int((hard & reachable).sum()),
+        "noisy_true_pass_rate": [round(float(x), 3) for x in np.sort(p[kind == "noisy"])[:50]],
+    }
 
 
 def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -> dict:
@@ -917,6 +973,16 @@ def main(argv: list[str] | None = None) -> dict:
             f"service {r['service_s']:.0f} s)",
             flush=True,
         )
+        if "data_quality" in r:
+            q, f = r["data_quality"], (lambda x: "–" if x is None else f"{x:.2f}")
+            a, b = q["wrong_label_reachable_levels"], q["wrong_label_all_levels"]
+            print(
+                f"  data quality: wrong labels P/R {f(a['precision'])}/{f(a['recall'])} in levels passed ≥ "
+                f"{q['reach']:.0%} ({a['true']} there), {f(b['precision'])}/{f(b['recall'])} in all; "
+                f"too hard for now {q['counts']['too_hard']} ({q['too_hard_that_are_wrong_labels']} wrong labels); "
+                f"counts {q['counts']}",
+                flush=True,
+            )
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
     target = _target(args.target, rows)
     for r in rows:
