@@ -65,6 +65,7 @@ UNSTATEABLE = [
     (422, r"reward outside the run's reward_range", "the range is the run's, set when it was created"),
     (422, r"^results\[\d+\]: unknown prompt id", "the prompts are the run's, registered earlier"),
     (422, r"^plan_id: no plan ", "the plans are the run's, made earlier"),
+    (422, r"^domain .* is not a domain of this run", "the domains are the run's, registered with its prompts"),
     (422, r"^warm_start_from: (run .* does not exist|a run cannot warm-start from it)", "other runs, the path"),
     (422, r"^rollout_budget: ", "the budget against batch_size × the run's min_rollouts / max_rollouts"),
     (413, r"^rollout_budget: \d+ exceeds the limit", "default budget: batch_size × the run's rollouts_per_prompt"),

@@ -81,11 +81,9 @@ def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order):
     if domain is not None:
         code = state.domain_codes.get(domain)
         if code is None:
-            known = [n for n in state.domain_names() if n is not None]
-            raise Invalid(
-                f"domain {domain!r} is not a domain of this run; its domains: {', '.join(map(repr, known[:20])) or 'none'}"
-                + (" …" if len(known) > 20 else "")
-            )
+            known = [n if len(n) <= 40 else n[:40] + "…" for n in state.domain_names() if n is not None]
+            listed = ", ".join(map(repr, known[:20])) + (" …" if len(known) > 20 else "")
+            raise Invalid(f"domain {domain[:80]!r} is not a domain of this run; its domains: {listed or 'none'}")
     f = quality.find(state, min_rollouts=min_rollouts, min_confidence=min_confidence)
     ords, kinds, conf = f.ordinals, f.kind, f.confidence
     names = state.domain_names()
