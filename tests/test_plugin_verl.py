@@ -327,3 +327,29 @@ def test_service_killed_between_steps_falls_back_and_loses_no_report(server_fact
         for (step, pid), rewards in expected.items():
             assert [h["rewards"] for h in rp.get_prompt("verl-kill", pid)["history"] if h["step"] == step] == [rewards]
     train.rollplan.close()
+
+
+def test_validation_metrics_logged_by_verl_reach_the_run(server_factory, tmp_path):
+    """verl's ``Tracking.log`` (console backend) of validation metrics sends the ``val-*`` keys
+    to the run at the logged step; the backend still gets every key."""
+    from verl.utils.tracking import Tracking
+
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.verl import forward_validation_metrics
+
+    srv = server_factory().start()
+    sched = RollplanScheduler("verl-val", [f"p{i}" for i in range(4)], url=srv.url, spool_dir=tmp_path / "spool")
+    sched.attach()
+    forward_validation_metrics(lambda: sched)
+    forward_validation_metrics(lambda: sched)  # wraps once
+    seen = []
+    tracker = Tracking("rollplan-test", "val", default_backend=["console"])
+    tracker.logger["console"].log = lambda data, step: seen.append((step, dict(data)))
+    tracker.log({"val-core/openai/gsm8k/reward/mean@4": 0.25, "val-aux/num_turns/min": 1, "actor/loss": 0.5}, step=7)
+    assert sched.flush(timeout=30) == 0
+    assert seen == [(7, {"val-core/openai/gsm8k/reward/mean@4": 0.25, "val-aux/num_turns/min": 1, "actor/loss": 0.5})]
+    with Client(srv.url) as rp:
+        got = list(rp.list_metrics("verl-val"))
+    assert [(m["step"], m["values"]) for m in got] == [
+        (7, {"val-aux/num_turns/min": 1.0, "val-core/openai/gsm8k/reward/mean@4": 0.25})]
+    sched.close()
