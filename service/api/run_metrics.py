@@ -29,7 +29,13 @@ class MetricEntry(schemas.Strict):
     step: schemas.Step = Field(description="The trainer step the values were measured at.")
     values: Annotated[dict[MetricName, MetricValue], Field(min_length=1, max_length=MAX_NAMES_PER_ENTRY)] = Field(
         description=f"name → finite number; 1–{MAX_NAMES_PER_ENTRY} names of 1–200 characters "
-        "[A-Za-z0-9_.:/@+=%()[]-] (the first a letter, digit or _)."
+        "[A-Za-z0-9_.:/@+=%()[]-] (the first a letter, digit or _).",
+        # The document states the rule for every key (pydantic's patternProperties alone
+        # would let keys that miss the pattern through with any value).
+        json_schema_extra={
+            "additionalProperties": False,
+            "propertyNames": {"pattern": METRIC_NAME_PATTERN, "minLength": 1, "maxLength": 200},
+        },
     )
 
 
