@@ -236,8 +236,14 @@ def test_v1_trainer_plans_prompts_and_replay_buffer_reports(server_factory, tmp_
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": 1})
         expected[prompt["rollplan_prompt_id"]] = rewards
 
-    meta, _metrics = trainer.replay_buffer.sample(trainer.global_steps, "train", BATCH)
+    meta, metrics = trainer.replay_buffer.sample(trainer.global_steps, "train", BATCH)
     assert len(meta.keys) == sum(len(v) for v in expected.values())
+    # Rollplan's figures of the reported step ride along with the sample's metrics (verl logs them)
+    n = sum(len(v) for v in expected.values())
+    inf = sum(len(v) for v in expected.values() if len(set(v)) > 1)
+    assert metrics["rollplan/step"] == 0 and metrics["rollplan/rollouts"] == n
+    assert metrics["rollplan/effective_ratio"] == pytest.approx(inf / n)
+    assert metrics["rollplan/wasted_rollouts"] == n - inf
     assert trainer.replay_buffer.rollplan is trainer.train_dataset.rollplan  # one scheduler per run
     assert trainer.train_dataset.rollplan.flush() == 0
     with Client(srv.url) as rp:
