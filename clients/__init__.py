@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from .client import (  # noqa: E402 - __version__ first: the client reads it
     AsyncClient,
     Client,
+    MetricsAck,
     Plan,
     PlanItem,
     PromptsAck,
@@ -22,6 +23,7 @@ from .client import (  # noqa: E402 - __version__ first: the client reads it
 __all__ = [
     "AsyncClient",
     "Client",
+    "MetricsAck",
     "Plan",
     "PlanItem",
     "PromptsAck",

@@ -163,3 +163,13 @@ class PromptsAck:
 
     created: int
     updated: int
+
+
+@dataclass(frozen=True)
+class MetricsAck:
+    """Totals of an eval-metrics upload: values sent, first stored, replaced, already stored."""
+
+    accepted: int
+    created: int
+    updated: int
+    unchanged: int

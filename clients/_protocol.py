@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._models import Plan, PromptsAck, ReportAck, RollplanError, RollplanUnavailable, Run
+from ._models import MetricsAck, Plan, PromptsAck, ReportAck, RollplanError, RollplanUnavailable, Run
 
 T = TypeVar("T")
 
@@ -401,3 +401,35 @@ def runs_pager(limit: int) -> Pager[Run]:
 
 def prompts_pager(run_id: str, limit: int, domain: str | None) -> Pager[dict[str, Any]]:
     return Pager(f"/v1/runs/{seg(run_id)}/prompts", {"limit": limit, "domain": domain})
+
+
+MetricsArg = Iterable[Mapping[str, Any] | Sequence[Any]]
+
+
+def metrics_entries(entries: MetricsArg) -> list[dict[str, Any]]:
+    """``{"step", "values"}`` dicts or ``(step, values)`` pairs → the request's entries."""
+    out = []
+    for item in entries:
+        if isinstance(item, Mapping):
+            step, values = item["step"], item["values"]
+        else:
+            step, values = tuple(item)
+        out.append({"step": int(step), "values": {str(k): float(v) for k, v in dict(values).items()}})
+    return out
+
+
+def log_metrics(run_id: str, entries: list[dict[str, Any]], chunk_size: int) -> Op[MetricsAck]:
+    """Upload eval metrics in chunks of ``chunk_size`` entries (each chunk all or nothing)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    totals = [0, 0, 0, 0]
+    for chunk in chunks(entries, chunk_size):
+        reply = yield Call("POST", f"/v1/runs/{seg(run_id)}/metrics", json={"metrics": chunk})
+        body = reply.body
+        for k, key in enumerate(("accepted", "created", "updated", "unchanged")):
+            totals[k] += body[key]
+    return MetricsAck(*totals)
+
+
+def metrics_pager(run_id: str, names: Sequence[str] | None, limit: int) -> Pager[dict[str, Any]]:
+    return Pager(f"/v1/runs/{seg(run_id)}/metrics", {"limit": limit, "name": list(names) if names else None})

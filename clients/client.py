@@ -40,11 +40,12 @@ import httpx
 
 from . import __version__
 from . import _protocol as P
-from ._models import Plan, PlanItem, PromptsAck, ReportAck, RollplanError, RollplanUnavailable, Run
+from ._models import MetricsAck, Plan, PlanItem, PromptsAck, ReportAck, RollplanError, RollplanUnavailable, Run
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "MetricsAck",
     "Plan",
     "PlanItem",
     "PromptsAck",
@@ -266,6 +267,38 @@ class _Api:
         ``report_id``: a resent report answers ``duplicate=True`` and counts once.
         """
         return P.report(run_id, P.report_body(report_id, step, results, plan_id))
+
+    @endpoint
+    def log_metrics(
+        self,
+        run_id: str,
+        step: int | None = None,
+        values: Mapping[str, float] | None = None,
+        *,
+        entries: P.MetricsArg = (),
+        chunk_size: int = 1000,
+    ) -> P.Op[MetricsAck]:
+        """Store eval metrics of the run: ``values`` (``{name: number}``) at ``step``, and/or
+        ``entries``, a batch of ``{"step", "values"}`` dicts or ``(step, values)`` pairs.
+
+        Idempotent (resending stores nothing new, so retries are safe); a new value for a
+        stored (name, step) replaces it. Names: 1–200 of ``[A-Za-z0-9_.:/@+=%()[]-]``;
+        values finite numbers (a 422 names the offending entry otherwise).
+        """
+        batch = P.metrics_entries(entries)
+        if values is not None:
+            if step is None:
+                raise ValueError("log_metrics: values need a step")
+            batch.insert(0, {"step": int(step), "values": {str(k): float(v) for k, v in values.items()}})
+        return P.log_metrics(run_id, batch, chunk_size)
+
+    @listing
+    def list_metrics(
+        self, run_id: str, names: Sequence[str] | None = None, limit: int = 1000
+    ) -> P.Pager[dict[str, Any]]:
+        """The run's eval metrics, one ``{"step", "values", "time"}`` per step in step order
+        (only ``names`` when given), fetched lazily ``limit`` steps per page."""
+        return P.metrics_pager(run_id, names, limit)
 
 
 class Client(_Api):

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .api import inspect, keys, predictor, quality, v1
+from .api import inspect, keys, predictor, quality, run_metrics, v1
 from .api.deps import add_raw_body_schemas, auth_enabled, keyless_security
 from .config import Settings
 from .engine import Engine
@@ -192,6 +192,11 @@ def limits_description(settings: Settings) -> str:
         ("Plan rollout_budget", settings.max_rollout_budget, "413"),
         ("Plan batch_size × (max_rollouts − min_rollouts)", settings.max_allocation_cells, "413"),
         ("Run metadata (JSON)", f"{settings.max_metadata_bytes} bytes", "413"),
+        (
+            "Eval-metric entries / values per POST …/metrics",
+            f"{settings.max_metric_entries} / {settings.max_metric_values}",
+            "413",
+        ),
         ("Page size (limit)", settings.max_page_size, "422 above 1000; smaller pages above the setting"),
         ("Prompt history per GET", settings.max_history, "truncated to the latest; history_total says how many"),
         ("Ids", "1–200 characters; run ids [A-Za-z0-9._:-], prompt and report ids also '/'", "422"),
@@ -296,6 +301,7 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
     app.include_router(v1.router)
     app.include_router(inspect.router)
     app.include_router(quality.router)
+    app.include_router(run_metrics.router)
     app.include_router(predictor.router)
     ui.mount(app)
     app.include_router(keys.router)

@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(100_000, ge=1)
     max_page_size: int = Field(1_000, ge=1, le=1_000)
     max_metadata_bytes: int = Field(64 * 1024, ge=2, description="A run's metadata, serialised as JSON.")
+    max_metric_entries: int = Field(10_000, ge=1, description="Most {step, values} entries of one POST .../metrics.")
+    max_metric_values: int = Field(
+        100_000, ge=1, description="Most metric values (over all entries) of one POST .../metrics."
+    )
     max_history: int = Field(10_000, ge=1, description="Most history entries GET of one prompt returns.")
     max_allocation_cells: int = Field(
         1 << 24,

@@ -23,6 +23,7 @@ from .ingest import Ingest
 from .planning import PlanJSON, Planner
 from .predictor.trainer import PredictorManager
 from .reads import Reads
+from .run_metrics import RunMetrics
 from .runs import Runs, build_strategy, current_strategy, normalise_settings
 from .runstate import RunState
 from .states import StateStore
@@ -51,6 +52,7 @@ class Engine:
         self.run_out, self.list_runs, self.strategy_state = runs.run_out, runs.list_runs, runs.strategy_state
         self.prompt_rows, self.list_prompts = reads.prompt_rows, reads.list_prompts
         self.prompt, self.prompt_detail = reads.prompt, reads.prompt_detail
+        self.run_metrics = RunMetrics(settings, sessions)
 
     def context(self, session: Session, run: Run) -> RunState:
         """The run's state under the strategy in force for its next step, up to date."""

@@ -140,6 +140,19 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
             .group_by(Result.step)
         )
     }
+    # Wall time of a step: when its latest report committed (else when its plan was made).
+    reported_at = dict(
+        s.execute(
+            select(Report.step, func.max(Report.created_at))
+            .where(Report.run_pk == ctx.run_pk, Report.step >= first, Report.step <= last)
+            .group_by(Report.step)
+        ).all()
+    )
+    planned_at = dict(
+        s.execute(
+            select(Plan.step, Plan.created_at).where(Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last)
+        ).all()
+    )
     with ctx.read() as pool:
         has_state = bool(strategy_state(ctx.strategy, pool))
     extras = pool_history(ctx).strategy_states(s, ctx) if has_state else {}
@@ -179,6 +192,7 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
                     "mean_observed": float(c[4]),
                 },
                 "strategy_state": extras.get(st, {}),
+                "time": reported_at.get(st) or planned_at.get(st),
             }
         )
     return out

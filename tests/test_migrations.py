@@ -10,7 +10,7 @@ from rollplan.service.storage import migrate
 from rollplan.service.storage.models import Base
 
 TABLES = {"runs", "prompts", "plans", "plan_items", "reports", "results", "run_steps", "plan_extensions", "prompt_events",
-          "strategy_changes", "api_keys", "predictor_models"}
+          "strategy_changes", "api_keys", "predictor_models", "run_metrics"}
 
 
 def _head() -> str:

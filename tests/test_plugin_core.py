@@ -333,3 +333,49 @@ def test_embedded_server_lives_and_dies_with_its_trainer(tmp_path):
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+def test_eval_metrics_wait_out_an_outage_and_figures_match_the_timeline(server_factory, tmp_path):
+    """Metrics queued while the service is down are spooled with the reports and stored once
+    it is back (in order, none lost, a replay counted once); the figures of the latest
+    report equal the service's timeline of that step."""
+    import numpy as np
+
+    srv = server_factory().start()
+    s = _sched(srv.url, tmp_path, prefetch=False,
+               prompts=[{"domain": "math" if i % 2 else "code"} for i in range(len(IDS))])
+    assert s.attach()
+    assert s.figures() == {"rollplan/fallback_plans": 0.0}
+    p0 = s.plan(0, 4)
+    s.report(0, [(p0.prompt_ids[0], [1, 1, 1, 1]), (p0.prompt_ids[1], [0, 0, 0, 0]),
+                 (p0.prompt_ids[2], [1, 0, 0, 0]), (p0.prompt_ids[3], [1, 0])])
+    assert s.log_metrics(0, {"eval/acc": 0.25, "eval bad name": 1, "skip": "text", "nan": float("nan"),
+                             "np": np.float32(0.5), "flag": True}) == 3
+    assert s.flush(timeout=30) == 0
+    fig = s.figures()
+    with Client(srv.url) as rp:
+        assert [(m["step"], m["values"]) for m in rp.list_metrics("core-run")] == [
+            (0, {"eval/acc": 0.25, "eval_bad_name": 1.0, "np": 0.5})]
+    import httpx
+
+    t = httpx.get(f"{srv.url}/v1/runs/core-run/timeline").json()["items"][0]
+    assert fig["rollplan/effective_ratio"] == pytest.approx(t["effective_ratio"]) == 6 / 14
+    assert (fig["rollplan/wasted_rollouts"], fig["rollplan/wasted_all_pass"], fig["rollplan/wasted_all_fail"]) == (
+        t["wasted_rollouts"], t["wasted_all_solved"], t["wasted_all_failed"]) == (8, 4, 4)
+    assert fig["rollplan/rollouts"] == fig["rollplan/rollouts_total"] == 14 and fig["rollplan/plan_latency_ms"] > 0
+    domains = {pid: "math" if IDS.index(pid) % 2 else "code" for pid in p0.prompt_ids}
+    for d in set(domains.values()):
+        assert fig[f"rollplan/domain_share/{d}"] == sum(v == d for v in domains.values()) / 4
+    assert s.run_url == f"{srv.url}/ui/runs/core-run"
+
+    srv.kill()
+    s.log_metrics(1, {"eval/acc": 0.5})
+    s.log_metrics(2, {"eval/acc": 0.75})
+    assert s.flush(timeout=30) == 2  # both wait in the spool
+    srv.start()
+    assert s.plan(3, 4).source == "service"
+    assert s.flush(timeout=30) == 0
+    with Client(srv.url) as rp:
+        got = [(m["step"], m["values"]["eval/acc"]) for m in rp.list_metrics("core-run")]
+    assert got == [(0, 0.25), (1, 0.5), (2, 0.75)]
+    s.close()

@@ -56,7 +56,8 @@ class Recorder:
         return rewards
 
 
-def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_steps=None, **extra):
+def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_steps=None, config=None,
+             train_dataset=None, **extra):
     from trl import GRPOConfig
 
     tok = tiny_tokenizer()
@@ -65,10 +66,11 @@ def _trainer(tmp_path, url, recorder, max_steps, run_id="trl-test", g=G, save_st
         output_dir=str(tmp_path / "out"), max_steps=max_steps, per_device_train_batch_size=B * g,
         num_generations=g, max_completion_length=6, learning_rate=1e-3, logging_steps=1,
         report_to="none", use_cpu=not ON_CUDA, seed=7, bf16=False,
-        dataloader_num_workers=0, disable_tqdm=True, **save,
+        dataloader_num_workers=0, disable_tqdm=True, **save, **(config or {}),
     )
     return RollplanGRPOTrainer(
-        model=tiny_model(tok), reward_funcs=[recorder], args=args, train_dataset=_dataset(),
+        model=tiny_model(tok), reward_funcs=[recorder], args=args,
+        train_dataset=_dataset() if train_dataset is None else train_dataset,
         processing_class=tok, rollplan_run_id=run_id, rollplan_url=url,
         rollplan_options={"spool_dir": tmp_path / "spool", "max_retries": 2, "backoff": 0.1, "timeout": 5},
         **extra,
@@ -269,3 +271,77 @@ def test_no_url_starts_an_embedded_server_and_resume_reattaches(tmp_path, monkey
     _check_service_matches(t2.rollplan_server.url, "trl-embedded", rec, steps=4)
     t2.rollplan.close()
     t2.rollplan_server.stop()
+
+
+def test_eval_metrics_reach_the_run_and_rollplan_figures_reach_the_logs(server_factory, tmp_path):
+    """An evaluation during training (TRL's own ``eval_*`` logs) becomes metrics of the run at
+    the trainer's global step; every training log carries Rollplan's figures of the latest
+    reported step under ``rollplan/...`` keys, equal to the service's timeline, in
+    ``log_history`` and in what the trainer's callbacks (W&B, TensorBoard) are handed."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    class Seen(TrainerCallback):
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.logs.append(dict(logs))
+
+    class Scorer(Recorder):
+        """The Recorder on training rows; on eval rows (no Rollplan columns) the same parity reward."""
+
+        def __call__(self, prompts, completions, completion_ids, **kw):
+            if "rollplan_step" not in kw:
+                return [float(len(c) % 2) for c in completion_ids]
+            return super().__call__(prompts, completions, completion_ids, **kw)
+
+    srv = server_factory().start()
+    n = N_PROMPTS
+    ds = Dataset.from_dict({"prompt": prompt_texts(n), "prompt_id": [f"arith/{i}" for i in range(n)],
+                            "domain": ["math" if i % 3 else "logic" for i in range(n)]})
+    evals = Dataset.from_dict({"prompt": prompt_texts(4)})
+    seen = Seen()
+    trainer = _trainer(tmp_path, srv.url, Scorer(), max_steps=3, run_id="trl-eval", train_dataset=ds,
+                       eval_dataset=evals, callbacks=[seen],
+                       config={"eval_strategy": "steps", "eval_steps": 2, "per_device_eval_batch_size": B * G})
+    trainer.train()
+    assert trainer.rollplan.flush(timeout=60) == 0
+
+    history = trainer.state.log_history
+    eval_logs = [h for h in history if any(k.startswith("eval_") for k in h)]
+    assert [h["step"] for h in eval_logs] == [2, 3]  # eval_steps=2, and at the end of training
+    with Client(srv.url) as rp:
+        metrics = list(rp.list_metrics("trl-eval"))
+        assert [m["step"] for m in metrics] == [2, 3]
+        for m, h in zip(metrics, eval_logs):
+            want = {k: float(v) for k, v in h.items() if k.startswith("eval_") and isinstance(v, int | float)}
+            assert m["values"] == pytest.approx(want)
+            assert {"eval_reward", "eval_runtime", "eval_rewards/recorder/mean"} <= set(m["values"]), m["values"]
+        assert trainer.rollplan.run_url == f"{srv.url}/ui/runs/trl-eval"
+
+        import httpx
+
+        timeline = {t["step"]: t for t in httpx.get(f"{srv.url}/v1/runs/trl-eval/timeline").json()["items"]}
+    train_logs = [h for h in history if "loss" in h and not any(k.startswith("eval_") for k in h)]
+    assert len(train_logs) == 3
+    total = 0
+    for h in train_logs:
+        step = int(h["rollplan/step"])
+        t = timeline[step]
+        assert h["rollplan/effective_ratio"] == pytest.approx(t["effective_ratio"])
+        assert h["rollplan/wasted_rollouts"] == t["wasted_rollouts"]
+        assert h["rollplan/wasted_all_pass"] == t["wasted_all_solved"]
+        assert h["rollplan/wasted_all_fail"] == t["wasted_all_failed"]
+        assert h["rollplan/rollouts"] == t["rollouts"] == B * G
+        total += t["rollouts"]
+        assert h["rollplan/rollouts_total"] == total
+        assert h["rollplan/plan_latency_ms"] > 0
+        shares = {k.split("/", 2)[2]: v for k, v in h.items() if k.startswith("rollplan/domain_share/")}
+        assert set(shares) <= {"math", "logic"} and sum(shares.values()) == pytest.approx(1)
+    assert [int(h["rollplan/step"]) for h in train_logs] == [0, 1, 2]
+    # the callbacks (report_to backends) get the same keys
+    handed = [lg for lg in seen.logs if "loss" in lg]
+    assert all("rollplan/effective_ratio" in lg for lg in handed) and len(handed) == 3
+    assert not any(k.startswith("rollplan/") for lg in seen.logs if "eval_runtime" in lg for k in lg)
+    trainer.rollplan.close()

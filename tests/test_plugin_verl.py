@@ -236,8 +236,14 @@ def test_v1_trainer_plans_prompts_and_replay_buffer_reports(server_factory, tmp_
         tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "finished", "global_steps": 1})
         expected[prompt["rollplan_prompt_id"]] = rewards
 
-    meta, _metrics = trainer.replay_buffer.sample(trainer.global_steps, "train", BATCH)
+    meta, metrics = trainer.replay_buffer.sample(trainer.global_steps, "train", BATCH)
     assert len(meta.keys) == sum(len(v) for v in expected.values())
+    # Rollplan's figures of the reported step ride along with the sample's metrics (verl logs them)
+    n = sum(len(v) for v in expected.values())
+    inf = sum(len(v) for v in expected.values() if len(set(v)) > 1)
+    assert metrics["rollplan/step"] == 0 and metrics["rollplan/rollouts"] == n
+    assert metrics["rollplan/effective_ratio"] == pytest.approx(inf / n)
+    assert metrics["rollplan/wasted_rollouts"] == n - inf
     assert trainer.replay_buffer.rollplan is trainer.train_dataset.rollplan  # one scheduler per run
     assert trainer.train_dataset.rollplan.flush() == 0
     with Client(srv.url) as rp:
@@ -327,3 +333,29 @@ def test_service_killed_between_steps_falls_back_and_loses_no_report(server_fact
         for (step, pid), rewards in expected.items():
             assert [h["rewards"] for h in rp.get_prompt("verl-kill", pid)["history"] if h["step"] == step] == [rewards]
     train.rollplan.close()
+
+
+def test_validation_metrics_logged_by_verl_reach_the_run(server_factory, tmp_path):
+    """verl's ``Tracking.log`` (console backend) of validation metrics sends the ``val-*`` keys
+    to the run at the logged step; the backend still gets every key."""
+    from verl.utils.tracking import Tracking
+
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.verl import forward_validation_metrics
+
+    srv = server_factory().start()
+    sched = RollplanScheduler("verl-val", [f"p{i}" for i in range(4)], url=srv.url, spool_dir=tmp_path / "spool")
+    sched.attach()
+    forward_validation_metrics(lambda: sched)
+    forward_validation_metrics(lambda: sched)  # wraps once
+    seen = []
+    tracker = Tracking("rollplan-test", "val", default_backend=["console"])
+    tracker.logger["console"].log = lambda data, step: seen.append((step, dict(data)))
+    tracker.log({"val-core/openai/gsm8k/reward/mean@4": 0.25, "val-aux/num_turns/min": 1, "actor/loss": 0.5}, step=7)
+    assert sched.flush(timeout=30) == 0
+    assert seen == [(7, {"val-core/openai/gsm8k/reward/mean@4": 0.25, "val-aux/num_turns/min": 1, "actor/loss": 0.5})]
+    with Client(srv.url) as rp:
+        got = list(rp.list_metrics("verl-val"))
+    assert [(m["step"], m["values"]) for m in got] == [
+        (7, {"val-aux/num_turns/min": 1.0, "val-core/openai/gsm8k/reward/mean@4": 0.25})]
+    sched.close()

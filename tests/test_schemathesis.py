@@ -70,6 +70,7 @@ UNSTATEABLE = [
     (422, r"^rollout_budget: ", "the budget against batch_size × the run's min_rollouts / max_rollouts"),
     (413, r"^rollout_budget: \d+ exceeds the limit", "default budget: batch_size × the run's rollouts_per_prompt"),
     (413, r"allocation cells exceed the limit", "batch_size × the run's (max_rollouts − min_rollouts)"),
+    (422, r"a different value for .* at step \d+ in metrics\[\d+\]", "(name, step) unique across a request's entries"),
 ]
 
 

@@ -16,6 +16,10 @@
 - sends reports from a background queue (:meth:`report`, :meth:`flush` at the end of
   training); report ids are deterministic (``{reporter}-{step}-{chunk}``), so a resent
   report is counted once;
+- forwards the trainer's own eval metrics (:meth:`log_metrics`, ``POST .../metrics``) from
+  the same queue and spool as the reports, and keeps Rollplan's figures of the latest
+  reported step (:meth:`figures`: effective ratio, wasted rollouts, domain shares, plan
+  latency) for the adapters to add to the trainer's logs under ``rollplan/...`` keys;
 - never lets the service crash or stall training: after the client's retries, a plan
   falls back to uniform sampling over the local dataset (seeded by run seed and step, so
   all ranks agree) with a loud warning once per outage, and reports are spooled to a
@@ -29,21 +33,52 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import random
+import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from rollplan.client import Client, RollplanError, RollplanUnavailable
 
 __all__ = ["LocalPlan", "PromptIds", "RollplanScheduler", "default_spool_dir", "shared_scheduler"]
 
 logger = logging.getLogger("rollplan.plugins")
+
+# What the service accepts as a metric name (``POST .../metrics``); other characters become "_".
+_METRIC_BAD = re.compile(r"[^A-Za-z0-9_.:/@+=%()\[\]-]")
+FIGURE_PREFIX = "rollplan/"
+
+
+def metric_name(key: str) -> str:
+    """``key`` as a metric name the service accepts (≤ 200 characters of its alphabet)."""
+    name = _METRIC_BAD.sub("_", str(key))[:200]
+    return name if name[:1].isalnum() or name[:1] == "_" else ("_" + name)[:200]
+
+
+def numeric_metrics(values: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``values`` (bools, strings, NaN and tensors of more than one
+    element left out; a one-element tensor or numpy scalar taken as its number)."""
+    out: dict[str, float] = {}
+    for k, v in values.items():
+        if isinstance(v, bool) or isinstance(v, str):
+            continue
+        if hasattr(v, "item"):  # a tensor or numpy scalar
+            numel = v.numel() if callable(getattr(v, "numel", None)) else getattr(v, "size", 1)
+            if numel != 1:
+                continue
+            v = v.item()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out[metric_name(k)] = float(v)
+    return out
 
 
 def default_spool_dir() -> Path:
@@ -229,6 +264,14 @@ class RollplanScheduler:
         self._prefetch = prefetch
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollplan-plan")
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        lo, hi = reward_range if reward_range is not None else (0.0, 1.0)
+        self._reward_range = (float(lo), float(hi))
+        self._domains: dict[str, str | None] = {}
+        for pid, p in zip(self.ids.ids, prompts or (), strict=False):
+            self._domains[pid] = p.get("domain")
+        self._figures: dict[str, float] = {}
+        self._rollouts_reported = 0
+        self._plan_ms: float | None = None
         self._sender = threading.Thread(target=self._send_loop, name="rollplan-report", daemon=True)
         self._sender.start()
         self._closed = False
@@ -238,6 +281,11 @@ class RollplanScheduler:
     def online(self) -> bool:
         """False while the service is believed unreachable (fallback plans, spooled reports)."""
         return self._online
+
+    @property
+    def run_url(self) -> str:
+        """The run's page on the service's dashboard."""
+        return f"{self._client.base_url.rstrip('/')}/ui/runs/{quote(self.run_id, safe='')}"
 
     def _api(self) -> Client:
         return self._client if self._online else self._probe
@@ -290,7 +338,11 @@ class RollplanScheduler:
             return False
         self._attached = True
         logger.info(
-            "Rollplan run %r %s (%d prompts)", self.run_id, "created" if run.created else "attached", len(self.ids)
+            "Rollplan run %r %s (%d prompts); its page: %s",
+            self.run_id,
+            "created" if run.created else "attached",
+            len(self.ids),
+            self.run_url,
         )
         if not self._online:
             self._came_back()
@@ -352,7 +404,9 @@ class RollplanScheduler:
         try:
             if not self._ensure_attached():
                 return self._uniform(step, batch_size, rollout_budget)
+            started = time.perf_counter()
             plan = self._api().plan(self.run_id, batch_size, rollout_budget=rollout_budget, step=step)
+            self._plan_ms = 1000 * (time.perf_counter() - started)
         except RollplanUnavailable as exc:
             self._went_down(f"plan step {step}", exc)
             return self._uniform(step, batch_size, rollout_budget)
@@ -424,9 +478,70 @@ class RollplanScheduler:
                 body.append({"prompt_id": str(pid), "rewards": kept})
         if not body:
             return None
+        self._count(int(step), body)
         report_id = f"{self.reporter}-{step}-{chunk}"
         self._queue.put({"report_id": report_id, "step": int(step), "plan_id": plan_id, "results": body})
         return report_id
+
+    def _count(self, step: int, groups: list[dict[str, Any]]) -> None:
+        """Rollplan's figures of the report's step, as the service's timeline counts them
+        (a constant group is wasted: all-pass at the reward range's top, all-fail at its bottom)."""
+        lo, hi = self._reward_range
+        eps = 1e-9 * (hi - lo)
+        n = inf = all_pass = all_fail = 0
+        by_domain: dict[str, int] = {}
+        for g in groups:
+            r = g["rewards"]
+            k = len(r)
+            n += k
+            if max(r) != min(r):
+                inf += k
+            elif r[0] >= hi - eps:
+                all_pass += k
+            elif r[0] <= lo + eps:
+                all_fail += k
+            d = self._domains.get(g["prompt_id"])
+            key = "(none)" if d is None else str(d)
+            by_domain[key] = by_domain.get(key, 0) + 1
+        with self._lock:
+            self._rollouts_reported += n
+            fig: dict[str, float] = {
+                "step": float(step),
+                "rollouts": float(n),
+                "rollouts_total": float(self._rollouts_reported),
+                "effective_ratio": inf / n if n else 0.0,
+                "wasted_rollouts": float(n - inf),
+                "wasted_all_pass": float(all_pass),
+                "wasted_all_fail": float(all_fail),
+            }
+            if any(d != "(none)" for d in by_domain):
+                total = sum(by_domain.values())
+                for d, c in sorted(by_domain.items()):
+                    fig[f"domain_share/{metric_name(d)}"] = c / total
+            self._figures = {FIGURE_PREFIX + k: v for k, v in fig.items()}
+
+    def figures(self) -> dict[str, float]:
+        """Rollplan's figures of the latest reported step under ``rollplan/...`` keys
+        (``step``, ``rollouts``, ``rollouts_total``, ``effective_ratio``, ``wasted_rollouts``,
+        ``wasted_all_pass``, ``wasted_all_fail``, ``fallback_plans``, ``plan_latency_ms`` (the
+        latest plan request's round trip), ``domain_share/<domain>`` where the prompts'
+        domains are known); before the first report (or in a process that only plans, e.g.
+        OpenRLHF's trainer) only ``fallback_plans`` and ``plan_latency_ms``."""
+        with self._lock:
+            out = dict(self._figures)
+            out[FIGURE_PREFIX + "fallback_plans"] = float(self.stats.fallback_plans)
+            if self._plan_ms is not None:
+                out[FIGURE_PREFIX + "plan_latency_ms"] = self._plan_ms
+            return out
+
+    def log_metrics(self, step: int, values: Mapping[str, Any]) -> int:
+        """Queue the trainer's eval metrics of ``step`` for ``POST .../metrics`` (sent,
+        spooled and replayed like reports). Only finite numbers are kept, names made
+        acceptable to the service; returns how many values were queued."""
+        clean = numeric_metrics(values)
+        if clean:
+            self._queue.put({"kind": "metrics", "step": int(step), "values": clean})
+        return len(clean)
 
     def _send_loop(self) -> None:
         while True:
@@ -454,10 +569,16 @@ class RollplanScheduler:
                 return True
             self._came_back()
             return True
+        what = f"metrics of step {rep['step']}" if rep.get("kind") == "metrics" else f"report {rep.get('report_id')}"
         try:
-            self._api().report(self.run_id, rep["report_id"], rep["step"], rep["results"], plan_id=rep.get("plan_id"))
+            if rep.get("kind") == "metrics":
+                self._api().log_metrics(self.run_id, rep["step"], rep["values"])
+            else:
+                self._api().report(
+                    self.run_id, rep["report_id"], rep["step"], rep["results"], plan_id=rep.get("plan_id")
+                )
         except RollplanUnavailable as exc:
-            self._went_down(f"report {rep['report_id']}", exc)
+            self._went_down(what, exc)
             if not from_spool:
                 self._spool(rep)
             return False
@@ -465,9 +586,11 @@ class RollplanScheduler:
             # 409: that report id already holds another body (e.g. a step regenerated after a
             # resume); 422: invalid. Neither heals by resending.
             self.stats.reports_dropped += 1
-            logger.warning("Rollplan refused report %s (%s); dropped.", rep["report_id"], exc)
+            logger.warning("Rollplan refused %s (%s); dropped.", what, exc)
             return True
-        if from_spool:
+        if rep.get("kind") == "metrics":
+            self.stats.extra["metrics_sent"] = self.stats.extra.get("metrics_sent", 0) + 1
+        elif from_spool:
             self.stats.reports_replayed += 1
         else:
             self.stats.reports_sent += 1

@@ -32,7 +32,9 @@ Without ``--rollplan.url`` and ``$ROLLPLAN_URL`` the launcher starts an embedded
 its URL to the actors of the node.
 
 Several processes: the prompt loader lives in the one trainer actor (OpenRLHF's
-single controller), so one process plans; the reward module runs inside every vLLM
+single controller), so one process plans (its logs get ``rollplan/plan_latency_ms`` and
+``rollplan/fallback_plans``; the reward figures are counted by the reporting engines, not
+here) and OpenRLHF's ``evaluate`` metrics go to the run as ``eval/...`` metrics; the reward module runs inside every vLLM
 engine actor and reports each prompt's group once its n samples are in (a group is
 scored in one engine). Policy version -> report step: a label carries the step of the
 plan it was drawn for, and the reward module reports under that step. In async mode
@@ -177,6 +179,20 @@ def rollplan_trainer_class() -> Any:
                 return super().fit(*args, **kwargs)
             finally:
                 self.rollplan.close()
+
+        def evaluate(self, global_step: int, **generate_kwargs: Any) -> Any:
+            """OpenRLHF's evaluation; its metrics also go to the run (``POST .../metrics``)."""
+            logs = super().evaluate(global_step, **generate_kwargs)
+            try:
+                self.rollplan.log_metrics(global_step, {f"eval/{k}": v for k, v in (logs or {}).items()})
+            except Exception:  # noqa: BLE001 - the scheduler never crashes training
+                logger.exception("Rollplan: could not queue the eval metrics")
+            return logs
+
+        def save_logs_and_checkpoints(self, global_step: int, logs_dict: Any = None, client_states: Any = None) -> None:
+            """OpenRLHF's, with Rollplan's figures (``rollplan/...``) in the logged dict."""
+            logs_dict = {**(logs_dict or {}), **self.rollplan.figures()}
+            return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     RollplanPPOTrainer.__name__ = RollplanPPOTrainer.__qualname__ = "RollplanPPOTrainer"
     return ray.remote(RollplanPPOTrainer)

@@ -57,6 +57,16 @@ or FSDP every row is generated and the extra ones masked (set
 ``rollplan_generate_planned_only=False`` to always do that). Iterable datasets are not
 supported.
 
+Logs, both ways (no user code): every ``log`` of the trainer (``logging_steps``) gets
+Rollplan's figures of the latest reported step under ``rollplan/...`` keys (effective
+ratio, wasted rollouts, all-pass / all-fail, cumulative rollouts, plan latency, per-domain
+batch shares when the dataset has a ``domain`` column), so they reach ``log_history``
+and every ``report_to`` backend (W&B, TensorBoard) with the trainer's own; and the eval
+metrics TRL logs (``eval_*`` keys of ``evaluate()`` and of evaluations during training)
+are sent to the run (``POST .../metrics``) at the trainer's global step, where the
+dashboard draws them against the run's rollouts. The run's page is
+``trainer.rollplan.run_url`` (logged at attach; put in the W&B run's config when W&B is on).
+
 Async GRPO (TRL's ``AsyncGRPOTrainer`` comes after 1.16): a report's ``step`` is the plan's
 step (= the generation index whose policy produced the rollouts), never the step at which
 the rewards arrive; the service measures staleness from the log.
@@ -95,6 +105,19 @@ def _broadcast_from_main(obj: Any) -> Any:
     box = [obj]
     broadcast_object_list(box, from_process=0)
     return box[0]
+
+
+def _link_in_wandb(args: Any, url: str) -> None:
+    """The run page's address in the W&B run's config, when the trainer reports to W&B."""
+    if "wandb" not in (getattr(args, "report_to", None) or []):
+        return
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.run.config.update({"rollplan_run_page": url}, allow_val_change=True)
+    except Exception:  # noqa: BLE001 - optional
+        logger.debug("Rollplan: could not put the run page in the W&B config", exc_info=True)
 
 
 class RollplanSampler(_TorchSampler):
@@ -203,6 +226,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rollplan_url: str | None = None,
         rollplan_api_key: str | None = None,
         rollplan_prompt_id_column: str = "prompt_id",
+        rollplan_domain_column: str = "domain",
         rollplan_id_prefix: str = "",
         rollplan_strategy: str | Mapping[str, Any] = "default",
         rollplan_mask_to_plan: bool = False,
@@ -238,6 +262,8 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             if many:
                 url = _broadcast_from_main(url)
         options = dict(rollplan_options or {})
+        if rollplan_domain_column in columns and "prompts" not in options:
+            options["prompts"] = [{"domain": None if d is None else str(d)} for d in dataset[rollplan_domain_column]]
         options.setdefault("seed", self.args.seed)
         options.setdefault("reporter", "trl")
         self.rollplan = RollplanScheduler(
@@ -393,6 +419,28 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         for step, results in by_step.items():
             plan = sampler.plans.get(step) if sampler is not None else None
             self.rollplan.report(step, results, plan_id=plan.plan_id if plan else None)
+
+    # -- logs -------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """GRPOTrainer's ``log``, with Rollplan's figures added to training logs
+        (``rollplan/...``) and the eval metrics (``eval_*``) sent to the run."""
+        main = self.accelerator.is_main_process
+        if main and not getattr(self, "_rollplan_linked", False):
+            self._rollplan_linked = True  # (W&B's run exists once training began)
+            _link_in_wandb(self.args, self.rollplan.run_url)
+        if main and not any(k.startswith("eval_") for k in logs):
+            try:
+                logs.update(self.rollplan.figures())
+            except Exception:  # noqa: BLE001 - the scheduler never crashes training
+                logger.exception("Rollplan: could not add its figures to the logs")
+        super().log(logs, start_time)  # (GRPOTrainer adds its own metrics to ``logs``)
+        if main:
+            evals = {k: v for k, v in logs.items() if k.startswith("eval_")}
+            if evals:
+                try:
+                    self.rollplan.log_metrics(self.state.global_step, evals)
+                except Exception:  # noqa: BLE001
+                    logger.exception("Rollplan: could not queue the eval metrics")
 
     # -- end of training ------------------------------------------------------------
     def train(self, *args: Any, **kwargs: Any):  # noqa: D102 - GRPOTrainer.train, then flush the reports

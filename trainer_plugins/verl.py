@@ -40,6 +40,15 @@ With no URL at all the dataset starts an embedded ``rollplan serve`` in the driv
 (SQLite in ``data.rollplan.dir``, default ``./rollplan``; see
 :mod:`rollplan.plugins.embedded`) and the replay buffer, in the same process, uses it.
 
+Logs: each training step's ``sample`` adds Rollplan's figures of the reported step
+(``rollplan/...``: effective ratio, wasted rollouts, cumulative rollouts, plan latency,
+domain shares) to the metrics it returns, which verl logs with its own (``trainer.logger``
+backends: console, W&B, TensorBoard ...). verl's validation metrics (``val-core/...``,
+``val-aux/...``, logged by the trainer's ``Tracking.log``, which a custom class cannot reach
+otherwise) are sent to the run (``POST .../metrics``) at the trainer's global step: the
+replay buffer wraps ``verl.utils.tracking.Tracking.log`` once, in the driver process, to
+forward those keys and hand everything to the backends unchanged.
+
 Several ranks: verl is single-controller. The driver process alone holds the dataset
 (it chooses the prompts) and the replay buffer (it reads the rewards back from
 TransferQueue), so exactly one process plans and reports; the Ray workers only generate
@@ -56,7 +65,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler, shared_scheduler
@@ -219,6 +228,7 @@ class RollplanReplayBuffer(_ReplayBuffer):
         self.rollplan_url = opts.get("rollplan_url")
         self.rollplan_id_prefix = str(opts.get("rollplan_id_prefix", ""))
         self.rollplan_options = {k: opts[f"rollplan_{k}"] for k in _SCHEDULER_KEYS if f"rollplan_{k}" in opts}
+        forward_validation_metrics(lambda: self.rollplan)
 
     @property
     def rollplan(self) -> RollplanScheduler:
@@ -232,6 +242,7 @@ class RollplanReplayBuffer(_ReplayBuffer):
         if partition_id == "train":
             try:
                 self.report_batch(global_steps, batch)
+                metrics = {**(metrics or {}), **self.rollplan.figures()}
             except Exception:  # noqa: BLE001 - the scheduler never crashes training
                 logger.exception("Rollplan: could not report the batch of global step %s", global_steps)
         return batch, metrics
@@ -281,3 +292,32 @@ class RollplanReplayBuffer(_ReplayBuffer):
             if rid:
                 report_ids.append(rid)
         return report_ids
+
+
+VALIDATION_PREFIXES = ("val-core/", "val-aux/", "val/")
+_FORWARDING: dict[str, Any] = {}
+
+
+def forward_validation_metrics(scheduler: Callable[[], RollplanScheduler]) -> None:
+    """Send verl's validation metrics (keys under ``val-core/``, ``val-aux/``, ``val/``) that
+    the trainer logs with ``Tracking.log(data, step)`` to the run of ``scheduler()`` at ``step``: wraps
+    ``Tracking.log`` once per process (the driver: verl logs from there); the backends get
+    ``data`` unchanged."""
+    from verl.utils import tracking
+
+    _FORWARDING["scheduler"] = scheduler
+    if getattr(tracking.Tracking.log, "_rollplan", False):
+        return
+    original = tracking.Tracking.log
+
+    def log(self, data, step, backend=None):
+        try:
+            vals = {k: v for k, v in (data or {}).items() if str(k).startswith(VALIDATION_PREFIXES)}
+            if vals:
+                _FORWARDING["scheduler"]().log_metrics(int(step), vals)
+        except Exception:  # noqa: BLE001 - never in the way of the trainer's logging
+            logger.exception("Rollplan: could not forward the validation metrics")
+        return original(self, data, step, backend)
+
+    log._rollplan = True  # type: ignore[attr-defined]
+    tracking.Tracking.log = log  # type: ignore[method-assign]

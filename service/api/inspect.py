@@ -65,6 +65,9 @@ class TimelineStep(BaseModel):
     plan: PlanSummary | None
     calibration: Calibration | None
     strategy_state: dict[str, Any] = StrategyState
+    time: schemas.UtcDatetime | None = Field(
+        None, description="Wall time of the step: when its latest report committed, else when its plan was made."
+    )
 
 
 class TimelinePage(schemas.Page):

@@ -240,3 +240,23 @@ class PredictorModel(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
     blob: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     metrics: Mapped[dict] = mapped_column(JSON, nullable=False)
+
+
+class RunMetric(Base):
+    """An eval metric of a run (``POST /v1/runs/{run_id}/metrics``, migration 0010): the
+    value last reported for ``name`` at ``step``. Not an event of the scheduling fold:
+    metrics are the trainer's own measurements, shown next to the run's rollouts. Written
+    under the run's lock; a re-sent batch changes nothing (``updated_at`` stays)."""
+
+    __tablename__ = "run_metrics"
+
+    run_pk: Mapped[int] = mapped_column(ForeignKey("runs.pk", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    value: Mapped[float] = mapped_column(Float, nullable=False)
+    # How many times a different value replaced the stored one (0: as first reported).
+    revisions: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+    __table_args__ = (Index("ix_run_metrics_run_step", "run_pk", "step"),)

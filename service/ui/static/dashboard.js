@@ -188,13 +188,51 @@ const RP = (() => {
   function toCSV(rows) { return rows.map(r => r.map(csvCell).join(",")).join("\n") + "\n"; }
   const csvHref = (rows) => "data:text/csv;charset=utf-8," + encodeURIComponent(toCSV(rows));
 
-  /* A PNG of a canvas on a white background (uPlot's canvas is transparent). */
-  function pngOf(canvas) {
+  /* A PNG of a canvas on a white background (uPlot's canvas is transparent), with the
+   * chart's title above and its legend (a swatch and the label of each series) below.
+   * Returns the data URL and where each legend swatch was drawn (canvas pixels). */
+  function pngOf(canvas, title, legend) {
+    const dpr = window.devicePixelRatio || 1, W = canvas.width, pad = Math.round(8 * dpr);
+    const titleH = title ? Math.round(24 * dpr) : 0, rowH = Math.round(18 * dpr), sw = Math.round(12 * dpr);
+    const m = document.createElement("canvas").getContext("2d");
+    m.font = Math.round(12 * dpr) + "px system-ui, sans-serif";
+    // legend rows: swatch + label, wrapped to the width
+    const items = [];
+    let x = pad, row = 0;
+    for (const it of legend || []) {
+      const w = sw + Math.round(6 * dpr) + Math.ceil(m.measureText(it.label).width) + Math.round(14 * dpr);
+      if (x + w > W - pad && x > pad) { row++; x = pad; }
+      items.push({ ...it, x, row });
+      x += w;
+    }
+    const legendH = items.length ? (row + 1) * rowH + pad : 0;
     const c = document.createElement("canvas");
-    c.width = canvas.width; c.height = canvas.height;
+    c.width = W; c.height = titleH + canvas.height + legendH;
     const g = c.getContext("2d");
-    g.fillStyle = "#fff"; g.fillRect(0, 0, c.width, c.height); g.drawImage(canvas, 0, 0);
-    return c.toDataURL("image/png");
+    g.fillStyle = "#fff"; g.fillRect(0, 0, c.width, c.height);
+    if (title) {
+      g.fillStyle = "#1d1f24"; g.font = "600 " + Math.round(14 * dpr) + "px system-ui, sans-serif";
+      g.textBaseline = "middle"; g.fillText(title, pad, titleH / 2);
+    }
+    g.drawImage(canvas, 0, titleH);
+    g.font = Math.round(12 * dpr) + "px system-ui, sans-serif"; g.textBaseline = "middle";
+    const boxes = items.map(it => {
+      const y = titleH + canvas.height + Math.round(pad / 2) + it.row * rowH;
+      g.fillStyle = it.color; g.fillRect(it.x, y + (rowH - sw) / 2, sw, sw);
+      g.fillStyle = "#1d1f24"; g.fillText(it.label, it.x + sw + Math.round(6 * dpr), y + rowH / 2);
+      return { label: it.label, color: it.color, x: it.x, y: Math.round(y + (rowH - sw) / 2), size: sw };
+    });
+    return { url: c.toDataURL("image/png"), legend: boxes, width: c.width, height: c.height };
+  }
+
+  /* The title of a chart: its opts.title, else its section's heading (without the note). */
+  function chartTitle(id, box) {
+    const args = chartArgs[id];
+    if (args && args[2] && args[2].title) return args[2].title;
+    const sec = box.closest("section"), h = sec ? sec.querySelector("h2, h3") : null;
+    if (!h) return "";
+    const own = [...h.childNodes].filter(n => n.nodeType === Node.TEXT_NODE).map(n => n.textContent).join("").trim();
+    return (view.file ? view.file + " — " : "") + (own || h.textContent.trim());
   }
 
   const fileStem = (id) => view.file + "-" + id.replace(/^chart-/, "");
@@ -215,8 +253,15 @@ const RP = (() => {
     t.csv = el("a", { class: "dl-csv", download: fileStem(id) + ".csv", href: "#", title: "the chart's data as CSV" }, "CSV");
     t.png = el("a", { class: "dl-png", download: fileStem(id) + ".png", href: "#", title: "the chart as a PNG image" }, "PNG");
     t.png.addEventListener("click", () => {
-      const c = charts[id] ? charts[id].plot.ctx.canvas : box.querySelector("canvas");
-      if (c && c.width) t.png.href = pngOf(c);
+      const ch = charts[id], c = ch ? ch.plot.ctx.canvas : box.querySelector("canvas");
+      if (!c || !c.width) return;
+      const args = chartArgs[id];
+      const legend = ch && args ? args[1].map((s, i) => ({ label: s.label, color: ch.colors[i] }))
+        .filter((_, i) => ch.plot.series[i + 1].show) : [];
+      const out = pngOf(c, chartTitle(id, box), legend);
+      t.png.href = out.url;
+      t.png.setAttribute("data-legend", JSON.stringify(out.legend));
+      t.png.setAttribute("data-size", JSON.stringify([out.width, out.height, c.width, c.height]));
     });
     bar.append(t.csv, t.png);
     box.before(bar);
@@ -661,10 +706,11 @@ const RP = (() => {
     more.onclick = () => loadPrompts(true).catch(e => status(e.message, true));
 
     async function refresh() {
-      const [run, tl, hist, dom, cov] = await Promise.all([
+      const [run, tl, hist, dom, cov, evals] = await Promise.all([
         api(base), apiAll(base + "/timeline"), apiAll(base + "/pass-rate-histogram?bins=20"), apiAll(base + "/domains"),
-        api(base + "/coverage"),
+        api(base + "/coverage"), apiAll(base + "/metrics?limit=10000"),
       ]);
+      showEvals(evals);
       const t = tl.items, steps = t.map(s => s.step);
       const sum = (k) => t.reduce((a, s) => a + (s[k] || 0), 0);
       const ms = t.filter(s => s.plan && s.plan.compute_ms !== null).map(s => s.plan.compute_ms);
@@ -743,6 +789,18 @@ const RP = (() => {
       if (!source || promptsComplete) await loadPrompts(false);
       await refreshQuality(names, run.stats);
       return run.stats;
+    }
+
+    /* The run's eval metrics (GET .../metrics): one line per metric over the steps it was
+     * measured at (null where a step lacks it). */
+    function showEvals(m) {
+      const x = m.items.map(i => i.step);
+      lineChart("chart-evals", x, m.names.map(n => ({ label: n, values: m.items.map(i => n in i.values ? i.values[n] : null) })),
+        { yLabel: "value", log: true });
+      document.getElementById("evals-note").textContent = m.names.length
+        ? m.names.length + " metric" + (m.names.length > 1 ? "s" : "") + " at " + x.length + " step" + (x.length > 1 ? "s" : "")
+          + " · compare runs by rollouts on the compare page"
+        : "No eval metrics yet: the TRL, verl and OpenRLHF plugins send the trainer's evaluations; any client can POST them to /v1/runs/{run_id}/metrics.";
     }
 
     /* The coverage panel: re-use of the rollouts (headline numbers), per domain, and each
@@ -909,5 +967,5 @@ const RP = (() => {
     const page = pages[document.body.dataset.page];
     if (page) page(); else status("no script registered page " + JSON.stringify(document.body.dataset.page), true);
   });
-  return { api, apiAll, el, fmt, pct, status, lineChart, schedule, register, COLORS };
+  return { api, apiAll, el, fmt, pct, status, lineChart, schedule, register, COLORS, setSmoothing, setParams, view, fillTable };
 })();
