@@ -260,7 +260,10 @@ class _Api:
         self, run_id: str, report_id: str, step: int, results: P.ResultsArg, *, plan_id: str | None = None
     ) -> P.Op[ReportAck]:
         """Report rewards: ``results`` holds ``{"prompt_id", "rewards"}`` dicts or
-        ``(prompt_id, rewards)`` pairs (or is a ``{prompt_id: rewards}`` mapping).
+        ``(prompt_id, rewards)`` pairs (or is a ``{prompt_id: rewards}`` mapping). A
+        group may carry each rollout's cost: ``"tokens"`` (completion lengths) and
+        ``"truncated"`` (cut at the generation limit) in a dict, or as a tuple
+        ``(prompt_id, rewards, tokens, truncated)``; one value per reward.
 
         All-or-nothing (a 422's ``errors`` name the offending items) and idempotent by
         ``report_id``: a resent report answers ``duplicate=True`` and counts once.

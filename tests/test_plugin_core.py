@@ -333,3 +333,25 @@ def test_embedded_server_lives_and_dies_with_its_trainer(tmp_path):
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+def test_report_carries_tokens_and_truncation(tmp_path):
+    """(prompt_id, rewards, tokens, truncated) tuples: the cost rides along with the kept
+    rewards (masked rollouts leave out their tokens and flags too); lengths that the
+    service would refuse drop the group's lengths, never the group."""
+    import queue
+
+    s = RollplanScheduler("nowhere", IDS, url="http://127.0.0.1:9", max_retries=0, spool_dir=tmp_path)
+    s._queue = q = queue.Queue()  # the sender thread reads the old queue: nothing is sent
+    s.report(0, [(IDS[0], [1, None, 0], [10, 99, 20], [False, True, True]),
+                 (IDS[1], [1.0, 0.0], [5, -1], None),
+                 (IDS[2], [1.0, 0.0], None, [True, False]),
+                 (IDS[3], [1.0])])
+    groups = q.get_nowait()["results"]
+    assert groups == [
+        {"prompt_id": IDS[0], "rewards": [1.0, 0.0], "tokens": [10, 20], "truncated": [False, True]},
+        {"prompt_id": IDS[1], "rewards": [1.0, 0.0]},
+        {"prompt_id": IDS[2], "rewards": [1.0, 0.0], "truncated": [True, False]},
+        {"prompt_id": IDS[3], "rewards": [1.0]},
+    ]
+    s.close(timeout=5)

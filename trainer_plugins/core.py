@@ -56,6 +56,7 @@ def default_spool_dir() -> Path:
 
 _SHARED: dict[str, RollplanScheduler] = {}
 _SHARED_LOCK = threading.Lock()
+MAX_COMPLETION_TOKENS = 1 << 20  # the service's bound on a report's completion length
 
 
 def shared_scheduler(run_id: str, make: Callable[[], RollplanScheduler] | None = None) -> RollplanScheduler | None:
@@ -405,23 +406,40 @@ class RollplanScheduler:
     def report(
         self,
         step: int,
-        results: Iterable[tuple[str, Sequence[float | None]]] | Mapping[str, Sequence[float | None]],
+        results: Iterable[tuple[Any, ...]] | Mapping[str, Sequence[float | None]],
         *,
         plan_id: str | None = None,
         chunk: int | str = 0,
     ) -> str | None:
-        """Queue the rewards of ``step`` (``(prompt_id, rewards)`` pairs) for sending.
+        """Queue the rewards of ``step`` (``(prompt_id, rewards)`` pairs, or
+        ``(prompt_id, rewards, tokens, truncated)`` tuples with each rollout's completion
+        length and truncation flag, either None when unknown) for sending.
 
         Returns the report id (``{reporter}-{step}-{chunk}``), or None when nothing was
-        left to send. ``None`` and NaN rewards (masked rollouts) are left out; a group with
-        no reward left is dropped. Does not block on the network.
+        left to send. ``None`` and NaN rewards (masked rollouts) are left out, with their
+        tokens and flags; a group with no reward left is dropped. A length that is not a
+        whole number ≥ 0 (or above the service's bound, 2²⁰) drops the group's lengths, not
+        the group. Does not block on the network.
         """
         pairs = results.items() if isinstance(results, Mapping) else results
         body = []
-        for pid, rewards in pairs:
-            kept = [float(r) for r in rewards if r is not None and r == r]
-            if kept:
-                body.append({"prompt_id": str(pid), "rewards": kept})
+        for item in pairs:
+            pid, rewards, *rest = item
+            tokens = rest[0] if rest else None
+            truncated = rest[1] if len(rest) > 1 else None
+            keep = [i for i, r in enumerate(rewards) if r is not None and r == r]
+            if not keep:
+                continue
+            group: dict[str, Any] = {"prompt_id": str(pid), "rewards": [float(rewards[i]) for i in keep]}
+            if tokens is not None and len(tokens) == len(rewards):
+                tok = [tokens[i] for i in keep]
+                if all(t is not None and float(t).is_integer() and 0 <= t <= MAX_COMPLETION_TOKENS for t in tok):
+                    group["tokens"] = [int(t) for t in tok]
+            if truncated is not None and len(truncated) == len(rewards):
+                flags = [truncated[i] for i in keep]
+                if all(f is not None for f in flags):
+                    group["truncated"] = [bool(f) for f in flags]
+            body.append(group)
         if not body:
             return None
         report_id = f"{self.reporter}-{step}-{chunk}"

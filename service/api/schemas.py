@@ -5,7 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    TypeAdapter,
+    model_validator,
+)
 from typing_extensions import NotRequired, TypedDict
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
@@ -27,6 +37,10 @@ Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
 MAX_REWARD_ABS = 1e12
 RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le=MAX_REWARD_ABS)]
 
+
+# A completion's length in tokens: a whole number, at most 2²⁰ (far above any generation
+# limit in use; sums over a group of 4096 and their squares stay exact in 64 bits).
+MAX_COMPLETION_TOKENS = 1 << 20
 
 # SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
 UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
@@ -202,6 +216,14 @@ class PromptOut(BaseModel):
         "probability (greso), skill − difficulty on the logit scale (frontier, default).",
     )
     last_step: int | None
+    cost: dict[str, float] | None = Field(
+        None,
+        description="What the prompt's rollouts cost, from the reports' `tokens` and `truncated` (null while no "
+        "report of the run gave any): `tokens` (expected completion length, discounted by 0.95 a step, shrunk to "
+        "the domain's mean), `tokens_se` (its standard error), `tokens_seen` (discounted rollouts with a length), "
+        "`truncation` (the truncation rate's posterior mean), `truncation_sd`, `truncation_seen`, "
+        "`untruncated_pass_rate` (the pass rate of the completions that were not truncated).",
+    )
     state: str | None = Field(
         None,
         description="unseen (no rollouts), unsolved (predicted pass rate ≤ 0.1), frontier, or solved (≥ 0.9).",
@@ -216,6 +238,8 @@ class HistoryEntry(BaseModel):
     report_id: str
     step: int
     rewards: list[float]
+    tokens: int | None = Field(None, description="The group's completion tokens in all (null: not reported).")
+    truncated: int | None = Field(None, description="How many of its completions were truncated (null: not reported).")
 
 
 class PromptDetail(PromptOut):
@@ -269,11 +293,34 @@ class ExtendOut(BaseModel):
 
 
 # -- results ----------------------------------------------------------------------
+CompletionTokens = Annotated[StrictInt, Field(ge=0, le=MAX_COMPLETION_TOKENS)]
+
+
 class GroupIn(Strict):
     prompt_id: PromptId
     rewards: list[FiniteFloat] = Field(
         ..., min_length=1, description="At least one; at most the server's max_rewards_per_group (413 above)."
     )
+    tokens: list[CompletionTokens] | None = Field(
+        None,
+        description="Optional: each rollout's completion length in tokens (whole numbers 0 … 2²⁰), one per "
+        "reward, in the same order. Folded into the prompt's expected length (token budgets, plan items' "
+        "`expected_tokens`).",
+    )
+    truncated: list[StrictBool] | None = Field(
+        None,
+        description="Optional: whether each rollout's completion was cut at the generation limit, one per "
+        "reward, in the same order. Folded into the prompt's truncation rate (`max_new_tokens` hints).",
+    )
+
+    @model_validator(mode="after")
+    def _per_rollout(self) -> GroupIn:
+        n = len(self.rewards)
+        for name in ("tokens", "truncated"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: {len(v)} values for {n} rewards; send one per reward, in the same order")
+        return self
 
 
 class ResultsIn(Strict):

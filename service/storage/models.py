@@ -148,6 +148,16 @@ class Result(Base):
     # planned steps do not count) was past the report's step when it committed.
     staleness: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     rewards: Mapped[list] = mapped_column(JSON, nullable=False)
+    # The group's cost (migration 0010; 0 where the report gave none): rollouts with a
+    # completion length, the sum of the lengths and of their squares, rollouts with a
+    # truncation flag, how many of those were truncated (exact integers), and the sum of the
+    # rewards of the flagged rollouts that were not truncated.
+    tok_n: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    tok_sum: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    tok_sq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    trunc_n: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    trunc_k: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    pass_nt: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
 
     __table_args__ = (
         Index("ix_results_run_prompt", "run_pk", "prompt_ordinal"),
