@@ -343,10 +343,21 @@ def _in_chunk(exc: RollplanError, offset: int, size: int) -> RollplanError:
     return RollplanError(exc.status, exc.title, detail, errors=exc.errors, type=exc.type, headers=exc.headers)
 
 
-def plan(run_id: str, batch_size: int, rollout_budget: int | None, step: int | None) -> Op[Plan]:
+def plan(
+    run_id: str,
+    batch_size: int,
+    rollout_budget: int | None,
+    step: int | None,
+    token_budget: int | None = None,
+    max_new_tokens: int | None = None,
+) -> Op[Plan]:
     body: dict[str, Any] = {"batch_size": batch_size}
     if rollout_budget is not None:
         body["rollout_budget"] = rollout_budget
+    if token_budget is not None:
+        body["token_budget"] = token_budget
+    if max_new_tokens is not None:
+        body["max_new_tokens"] = max_new_tokens
     if step is not None:
         body["step"] = step
     # Without a step the server picks the next one: a blind retry could plan a step twice.

@@ -355,3 +355,19 @@ def test_report_carries_tokens_and_truncation(tmp_path):
         {"prompt_id": IDS[3], "rewards": [1.0]},
     ]
     s.close(timeout=5)
+
+
+def test_a_token_plan_is_taken_as_it_is_and_unused_hints_are_counted(tmp_path):
+    """A plan in tokens may hold fewer prompts than the batch: not filled up uniformly.
+    Generation-limit hints no trainer here can apply are counted as unused."""
+    from rollplan.client import Plan, PlanItem
+
+    s = RollplanScheduler("nowhere", IDS, url="http://127.0.0.1:9", max_retries=0, spool_dir=tmp_path)
+    items = [PlanItem(IDS[0], 4, 0.5, 800.0, 2048, True), PlanItem(IDS[1], 2, 0.4, 300.0)]
+    plan = Plan("p", 0, "default", 8, 6, items, token_budget=1200, expected_tokens=1100.0)
+    local = s._localise(0, plan, 8)
+    assert local.prompt_ids == [IDS[0], IDS[1]] and local.rollouts == [4, 2]
+    assert s.stats.extra["max_new_tokens_hints_unused"] == 1
+    rollout_plan = Plan("q", 1, "default", 3, 6, items[:1])
+    assert len(s._localise(1, rollout_plan, 3).prompt_ids) == 3  # a rollout plan is still filled
+    s.close(timeout=5)

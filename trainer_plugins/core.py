@@ -378,7 +378,13 @@ class RollplanScheduler:
                 predicted.append(item.predicted_pass_rate)
             else:
                 self.stats.unknown_planned_prompts += 1
-        missing = batch_size - len(indices)
+        hinted = sum(getattr(i, "max_new_tokens", None) is not None for i in plan.items)
+        if hinted:  # no plugin sets a per-prompt generation limit (yet): counted as unused
+            self.stats.extra["max_new_tokens_hints_unused"] = (
+                self.stats.extra.get("max_new_tokens_hints_unused", 0) + hinted
+            )
+        # A plan in tokens may hold fewer prompts than the batch: that is its answer.
+        missing = 0 if getattr(plan, "token_budget", None) is not None else batch_size - len(indices)
         if missing > 0:  # the run's pool holds prompts this dataset lacks: fill uniformly
             logger.warning("plan of step %d names %d prompts not in the local dataset; filled uniformly", step, missing)
             rng = random.Random(f"{self.seed}-{step}-fill")

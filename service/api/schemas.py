@@ -39,8 +39,10 @@ RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le
 
 
 # A completion's length in tokens: a whole number, at most 2²⁰ (far above any generation
-# limit in use; sums over a group of 4096 and their squares stay exact in 64 bits).
+# limit in use; sums over a group of 4096 and their squares stay exact in 64 bits). A
+# plan's token budget: at most 2⁴⁰.
 MAX_COMPLETION_TOKENS = 1 << 20
+MAX_TOKEN_BUDGET = 1 << 40
 
 # SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
 UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
@@ -263,12 +265,42 @@ class PlanIn(Strict):
         "server's max_rollout_budget (413 above).",
     )
     step: Step | None = Field(None, description="Trainer step; default: the run's next step.")
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKEN_BUDGET,
+        description="Plan in tokens: the expected completion tokens of the plan in all (≤ 2⁴⁰). The strategy "
+        "ranks 2 × batch_size candidates; then a greedy knapsack keeps at most batch_size of them, each with 0 or "
+        "min_rollouts … max_rollouts rollouts, maximising the expected informative groups per expected token "
+        "(a prompt's expected tokens: its `cost`, its domain's or the pool's mean without history), with "
+        "Σ expected_tokens ≤ token_budget and, when rollout_budget is given too, Σ rollouts ≤ rollout_budget. "
+        "422 when not even one prompt's min_rollouts fit.",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_COMPLETION_TOKENS,
+        description="The trainer's generation limit now. With it, an item whose completions are often "
+        "truncated (truncation rate ≥ 0.1) carries a `max_new_tokens` hint (twice the limit) and "
+        "`raise_may_pass` (its untruncated completions pass at least half the time).",
+    )
 
 
 class PlanItemOut(BaseModel):
     prompt_id: str
     rollouts: int
     predicted_pass_rate: float
+    expected_tokens: float | None = Field(
+        None,
+        description="rollouts × the prompt's expected completion tokens (token plans, and every plan of a run "
+        "whose reports carry tokens).",
+    )
+    max_new_tokens: int | None = Field(
+        None, description="A larger generation limit for this prompt (only with the request's max_new_tokens)."
+    )
+    raise_may_pass: bool | None = Field(
+        None, description="With a hint: raising the limit is likely to turn truncated failures into passes."
+    )
 
 
 class PlanOut(BaseModel):
@@ -276,7 +308,9 @@ class PlanOut(BaseModel):
     step: int
     strategy: str
     batch_size: int
-    rollout_budget: int
+    rollout_budget: int = Field(description="Σ rollouts of the items.")
+    token_budget: int | None = Field(None, description="The request's token budget (token plans).")
+    expected_tokens: float | None = Field(None, description="Σ expected_tokens of the items, where they have them.")
     items: list[PlanItemOut]
 
 

@@ -26,10 +26,14 @@ a first report carries a cost, and are float32 (computed in float64), as the poo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .util import grow
+
+if TYPE_CHECKING:
+    from .pool import PoolState
 
 # The columns of a group's cost, in order (``Observations.cost``, ``ReportEvent.cost``).
 COST_FIELDS = ("tok_n", "tok_sum", "tok_sq", "trunc_n", "trunc_k", "pass_nt")
@@ -193,3 +197,52 @@ class CostStats:
 
     def nbytes(self) -> int:
         return 0 if self._m is None or self._last is None else self._m.nbytes + self._last.nbytes
+
+
+# -- plans in tokens -------------------------------------------------------------------------
+# A prompt whose completions are truncated this often gets a generation-limit hint (twice
+# the trainer's limit), flagged where its untruncated completions pass this often.
+HINT_TRUNCATION = 0.1
+HINT_PASS = 0.5
+MAX_HINT = 1 << 20  # the bound on a completion's length in a report
+
+
+def token_plan(
+    pool: PoolState,
+    candidates: np.ndarray,
+    predicted: np.ndarray,
+    token_budget: float,
+    max_prompts: int,
+    lo: int,
+    hi: int,
+    rollout_cap: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A plan in tokens from a strategy's ranked ``candidates`` and their predicted pass
+    rates: (positions kept, in the strategy's order; their rollouts), by
+    ``allocation.token_knapsack`` on each candidate's expected completion tokens (its own
+    discounted mean, shrunk to its domain's, the pool's without any)."""
+    from .allocation import token_knapsack
+
+    per = pool.cost_estimates(candidates)["tokens"]
+    r = token_knapsack(predicted, per, token_budget, max_prompts, lo, hi, rollout_cap)
+    keep = np.flatnonzero(r > 0)
+    return keep, r[keep]
+
+
+def item_costs(
+    pool: PoolState, ordinals: np.ndarray, rollouts: np.ndarray, max_new_tokens: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The plan items' (expected tokens = rollouts × expected completion tokens, the
+    ``max_new_tokens`` hint (0: none), raise_may_pass). A hint, with the trainer's limit
+    given and some cost evidence in the run: twice the limit where the truncation rate is
+    ≥ ``HINT_TRUNCATION``; flagged where the untruncated completions pass ≥ ``HINT_PASS``
+    of the time (the truncated ones were probably cut on their way to a pass)."""
+    est = pool.cost_estimates(ordinals)
+    tok = np.asarray(rollouts, np.float64) * est["tokens"]
+    hint = np.zeros(ordinals.size, np.int64)
+    flag = np.zeros(ordinals.size, bool)
+    if max_new_tokens is not None and pool.cost.active:
+        often = est["truncation"] >= HINT_TRUNCATION
+        hint[often] = min(2 * max_new_tokens, MAX_HINT)
+        flag = often & (est["untruncated_pass_rate"] >= HINT_PASS)
+    return tok, hint, flag

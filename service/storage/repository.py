@@ -599,21 +599,49 @@ def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
     return s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run_pk))
 
 
-def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted) -> None:
+def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
     s.add(plan)
     s.flush()
-    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted)
+    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
     mark_step(s, plan.run_pk, plan.step)
 
 
-def insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted) -> None:
+PlanCosts = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A plan's items' (expected tokens (NaN: none), max_new_tokens hint (0: none), raise_may_pass)."""
+PLAN_ITEM_COST_COLUMNS = ("expected_tokens", "max_new_tokens", "raise_may_pass")
+
+
+def insert_plan_items(
+    s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted, costs: PlanCosts | None = None
+) -> None:
     cols = (np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted, dtype=float).tolist())
+    if costs is not None:
+        tok, hint, flag = costs
+        extra = [
+            (None if t != t else t, h or None, bool(f) if h else None)
+            for t, h, f in zip(np.asarray(tok, float).tolist(), np.asarray(hint).tolist(), np.asarray(flag).tolist())
+        ]
+        rows = [(plan_id, first + i, o, r, p, phase, *x) for i, ((o, r, p), x) in enumerate(zip(zip(*cols), extra))]
+        bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS + PLAN_ITEM_COST_COLUMNS, rows)
+        return
     if is_postgres(s):  # COPY text built in one pass (a plan has thousands of items)
         lines = [f"{plan_id}\t{first + i}\t{o}\t{r}\t{p!r}\t{phase}\n" for i, (o, r, p) in enumerate(zip(*cols))]
         copy_text(s, "plan_items", PLAN_ITEM_COLUMNS, "".join(lines))
         return
-    rows = [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))]
-    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, rows)
+    plain = [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))]
+    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, plain)
+
+
+def plan_item_costs(s: Session, plan_id: str) -> list[tuple[float | None, int | None, bool | None]]:
+    """The (expected tokens, max_new_tokens hint, raise_may_pass) of a plan's items, in order."""
+    return [
+        tuple(r)  # type: ignore[misc]
+        for r in s.execute(
+            select(PlanItem.expected_tokens, PlanItem.max_new_tokens, PlanItem.raise_may_pass)
+            .where(PlanItem.plan_id == plan_id, PlanItem.phase == 0)
+            .order_by(PlanItem.position)
+        ).all()
+    ]
 
 
 def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:
