@@ -187,6 +187,7 @@ BENCHMARKS = {
     "suite": "rollplan.benchmarks.suite",
     "fold": "rollplan.benchmarks.fold",
     "scale": "rollplan.benchmarks.scale",
+    "cost": "rollplan.benchmarks.cost",
 }
 
 
