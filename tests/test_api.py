@@ -413,6 +413,10 @@ def test_report_cost_fields(client):
     # The prompt without its own lengths is given its domain's (the pool's) mean.
     other = client.get("/v1/runs/run-1/prompts/set/1").json()["cost"]
     assert other["tokens_seen"] == 0 and other["tokens"] > 100
+    # The timeline: tokens per step, those in zero-variance groups, truncated completions.
+    tl = {x["step"]: x for x in client.get("/v1/runs/run-1/timeline").json()["items"]}
+    assert (tl[0]["tokens"], tl[0]["wasted_tokens"], tl[0]["truncated"]) == (None, None, None)
+    assert (tl[1]["tokens"], tl[1]["wasted_tokens"], tl[1]["truncated"]) == (100 + 300 + 2**20, 0, 1)
 
 
 def test_report_limits(make_client):
