@@ -113,6 +113,12 @@ class PlanItem:
     prompt_id: str
     rollouts: int
     predicted_pass_rate: float
+    # With the run's reports carrying tokens (or a token plan): rollouts × the prompt's
+    # expected completion tokens; a larger generation limit where its completions are often
+    # truncated, and whether raising it may turn failures into passes. None: not given.
+    expected_tokens: float | None = None
+    max_new_tokens: int | None = None
+    raise_may_pass: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,8 @@ class Plan:
     rollout_budget: int
     items: list[PlanItem]
     created: bool = field(default=False, compare=False)
+    token_budget: int | None = None  # a plan in tokens: the request's budget
+    expected_tokens: float | None = None  # Σ of the items' expected tokens
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, created: bool = False) -> Plan:
@@ -139,8 +147,20 @@ class Plan:
             strategy=data["strategy"],
             batch_size=data["batch_size"],
             rollout_budget=data["rollout_budget"],
-            items=[PlanItem(i["prompt_id"], i["rollouts"], i["predicted_pass_rate"]) for i in data["items"]],
+            items=[
+                PlanItem(
+                    i["prompt_id"],
+                    i["rollouts"],
+                    i["predicted_pass_rate"],
+                    i.get("expected_tokens"),
+                    i.get("max_new_tokens"),
+                    i.get("raise_may_pass"),
+                )
+                for i in data["items"]
+            ],
             created=created,
+            token_budget=data.get("token_budget"),
+            expected_tokens=data.get("expected_tokens"),
         )
 
     @property

@@ -343,10 +343,21 @@ def _in_chunk(exc: RollplanError, offset: int, size: int) -> RollplanError:
     return RollplanError(exc.status, exc.title, detail, errors=exc.errors, type=exc.type, headers=exc.headers)
 
 
-def plan(run_id: str, batch_size: int, rollout_budget: int | None, step: int | None) -> Op[Plan]:
+def plan(
+    run_id: str,
+    batch_size: int,
+    rollout_budget: int | None,
+    step: int | None,
+    token_budget: int | None = None,
+    max_new_tokens: int | None = None,
+) -> Op[Plan]:
     body: dict[str, Any] = {"batch_size": batch_size}
     if rollout_budget is not None:
         body["rollout_budget"] = rollout_budget
+    if token_budget is not None:
+        body["token_budget"] = token_budget
+    if max_new_tokens is not None:
+        body["max_new_tokens"] = max_new_tokens
     if step is not None:
         body["step"] = step
     # Without a step the server picks the next one: a blind retry could plan a step twice.
@@ -358,16 +369,29 @@ ResultsArg = Iterable[Mapping[str, Any] | Sequence[Any]] | Mapping[str, Iterable
 
 
 def report_body(report_id: str, step: int, results: ResultsArg, plan_id: str | None) -> dict[str, Any]:
-    """The results body; ``results`` holds ``{"prompt_id", "rewards"}`` dicts or
-    ``(prompt_id, rewards)`` pairs, or is a ``{prompt_id: rewards}`` mapping."""
+    """The results body; ``results`` holds ``{"prompt_id", "rewards"}`` dicts (with
+    optional per-rollout ``"tokens"``, completion lengths, and ``"truncated"`` flags),
+    ``(prompt_id, rewards)`` pairs or ``(prompt_id, rewards, tokens, truncated)`` tuples
+    (either may be None), or is a ``{prompt_id: rewards}`` mapping."""
     pairs = results.items() if isinstance(results, Mapping) else results
     groups = []
     for item in pairs:
+        tokens = truncated = None
         if isinstance(item, Mapping):
             pid, rewards = item["prompt_id"], item["rewards"]
+            tokens, truncated = item.get("tokens"), item.get("truncated")
         else:
-            pid, rewards = tuple(item)
-        groups.append({"prompt_id": pid, "rewards": [float(r) for r in rewards]})
+            pid, rewards, *rest = tuple(item)
+            if len(rest) > 2:
+                raise ValueError("a result tuple is (prompt_id, rewards[, tokens[, truncated]])")
+            tokens = rest[0] if rest else None
+            truncated = rest[1] if len(rest) > 1 else None
+        group: dict[str, Any] = {"prompt_id": pid, "rewards": [float(r) for r in rewards]}
+        if tokens is not None:
+            group["tokens"] = [int(t) for t in tokens]
+        if truncated is not None:
+            group["truncated"] = [bool(t) for t in truncated]
+        groups.append(group)
     body: dict[str, Any] = {"report_id": report_id, "step": step, "results": groups}
     if plan_id is not None:
         body["plan_id"] = plan_id

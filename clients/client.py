@@ -246,22 +246,35 @@ class _Api:
 
     @endpoint
     def plan(
-        self, run_id: str, batch_size: int, *, rollout_budget: int | None = None, step: int | None = None
+        self,
+        run_id: str,
+        batch_size: int,
+        *,
+        rollout_budget: int | None = None,
+        step: int | None = None,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> P.Op[Plan]:
         """The prompts to roll out at ``step`` and how many rollouts each.
 
         Asking again for a step returns its stored plan (equal to the first). Pass
         ``step``: without it the server picks the next step, and the call is then
-        retried only when it certainly did not reach the server.
+        retried only when it certainly did not reach the server. ``token_budget``: plan
+        in expected completion tokens (at most ``batch_size`` prompts; with
+        ``rollout_budget`` too, both hold). ``max_new_tokens``: the trainer's generation
+        limit, for the items' ``max_new_tokens`` hints.
         """
-        return P.plan(run_id, batch_size, rollout_budget, step)
+        return P.plan(run_id, batch_size, rollout_budget, step, token_budget, max_new_tokens)
 
     @endpoint
     def report(
         self, run_id: str, report_id: str, step: int, results: P.ResultsArg, *, plan_id: str | None = None
     ) -> P.Op[ReportAck]:
         """Report rewards: ``results`` holds ``{"prompt_id", "rewards"}`` dicts or
-        ``(prompt_id, rewards)`` pairs (or is a ``{prompt_id: rewards}`` mapping).
+        ``(prompt_id, rewards)`` pairs (or is a ``{prompt_id: rewards}`` mapping). A
+        group may carry each rollout's cost: ``"tokens"`` (completion lengths) and
+        ``"truncated"`` (cut at the generation limit) in a dict, or as a tuple
+        ``(prompt_id, rewards, tokens, truncated)``; one value per reward.
 
         All-or-nothing (a 422's ``errors`` name the offending items) and idempotent by
         ``report_id``: a resent report answers ``duplicate=True`` and counts once.

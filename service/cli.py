@@ -188,6 +188,7 @@ BENCHMARKS = {
     "fold": "rollplan.benchmarks.fold",
     "scale": "rollplan.benchmarks.scale",
     "quality": "rollplan.benchmarks.quality",
+    "cost": "rollplan.benchmarks.cost",
 }
 
 

@@ -20,6 +20,7 @@ from .api import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
 from .runstate import PromptsEvent, ReportEvent
+from .scheduling.cost import cost_or_none, group_cost
 from .states import StateStore
 from .storage import repository as repo
 from .storage.db import locked_read_session, write_session
@@ -42,13 +43,24 @@ def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarra
     return np.where(sd > 1e-12, mad / np.where(sd > 1e-12, sd, 1.0), 0.0)
 
 
-def report_hash(step: int, plan_id: str | None, prompt_ids: list[str], lengths: np.ndarray, flat: np.ndarray) -> str:
+def report_hash(
+    step: int,
+    plan_id: str | None,
+    prompt_ids: list[str],
+    lengths: np.ndarray,
+    flat: np.ndarray,
+    costs: tuple[list[list[int] | None], list[list[bool] | None]] | None = None,
+) -> str:
     """Fingerprint of a report's content (a re-sent report must match it): step, plan,
-    prompt ids in order, group sizes and the rewards' exact float64 bits."""
+    prompt ids in order, group sizes and the rewards' exact float64 bits; and, when any
+    group gives them, each group's tokens and truncation flags (so the fingerprint of a
+    report without them is the one earlier versions stored)."""
     h = hashlib.sha256(b"rollplan-report-v2\0")
     h.update(json.dumps([step, plan_id, prompt_ids], separators=(",", ":")).encode())
     h.update(lengths.astype("<i8").tobytes())
     h.update(flat.astype("<f8").tobytes())
+    if costs is not None:
+        h.update(b"\0cost\0" + json.dumps(list(costs), separators=(",", ":")).encode())
     return h.hexdigest()
 
 
@@ -110,7 +122,11 @@ class Ingest:
             gmax = np.maximum.reduceat(flat, starts)
             gmin = np.minimum.reduceat(flat, starts)
             abs_adv = group_abs_advantage(flat, starts, lengths, sums)
-        body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat)
+        tokens = [g.tokens for g in groups]
+        truncated = [g.truncated for g in groups]
+        cost = group_cost(lengths, tokens, truncated, flat)
+        costs = None if cost is None else (tokens, truncated)
+        body_hash = report_hash(body.step, body.plan_id, prompt_ids, lengths, flat, costs)
         texts = rewards_json(flat, lengths)  # formatted before taking the run's lock
 
         # The run's lock and the report's context in one round trip (PostgreSQL).
@@ -170,10 +186,13 @@ class Ingest:
                 staleness,
                 texts,
                 bool(step_known),
+                cost,
             )
         if self.metrics is not None:
             self.metrics.observe_ingest(len(groups), int(lengths.sum()))
-        self.store.advance(state, ReportEvent(seq, body.step, ordinals, lengths, sums, informative, abs_adv))
+        self.store.advance(
+            state, ReportEvent(seq, body.step, ordinals, lengths, sums, informative, abs_adv, cost_or_none(cost))
+        )
         if self.store.on_state is not None:
             self.store.on_state(state, run)
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)

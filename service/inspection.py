@@ -106,6 +106,11 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
             func.sum(Result.reward_sum),
             func.sum(case((and_(not_inf, Result.reward_sum >= n * (hi - eps)), n), else_=0)),
             func.sum(case((and_(not_inf, Result.reward_sum <= n * (lo + eps)), n), else_=0)),
+            func.sum(Result.tok_n),
+            func.sum(Result.tok_sum),
+            func.sum(case((not_inf, Result.tok_sum), else_=0)),
+            func.sum(Result.trunc_n),
+            func.sum(Result.trunc_k),
         )
         .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
         .group_by(Result.step)
@@ -159,7 +164,9 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
     out = []
     for st in steps:
         r = by_step.get(st)
-        groups, rollouts, inf, rsum, solved, failed = r[1:] if r else (0, 0, 0, 0.0, 0, 0)
+        groups, rollouts, inf, rsum, solved, failed, tok_n, tok, tok_wasted, trunc_n, trunc = (
+            r[1:] if r else (0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0)
+        )
         rollouts, inf = int(rollouts or 0), int(inf or 0)
         p = plans.get(st)
         c = cal.get(st)
@@ -174,6 +181,9 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
                 "wasted_all_failed": int(failed or 0),
                 "effective_ratio": inf / rollouts if rollouts else None,
                 "mean_reward": float(rsum) / rollouts if rollouts else None,
+                "tokens": int(tok or 0) if tok_n else None,
+                "wasted_tokens": int(tok_wasted or 0) if tok_n else None,
+                "truncated": int(trunc or 0) if trunc_n else None,
                 "plan": None
                 if p is None
                 else {

@@ -23,7 +23,7 @@ from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge
 from .ingest import run_not_found
 from .runstate import RunState, SealEvent
-from .scheduling import allocation
+from .scheduling import allocation, cost
 from .scheduling import strategies as strat
 from .states import StateStore, spec_for_step
 from .storage import repository as repo
@@ -35,24 +35,41 @@ from .storage.models import Plan, Run
 class PlanJSON:
     """A plan as the API answers it (the PlanOut shape), serialised in one pass: a plan
     has thousands of items, and building then dumping a dict per item cost more than
-    planning. Prompt ids match PROMPT_ID_PATTERN, so they need no JSON escaping."""
+    planning. Prompt ids match PROMPT_ID_PATTERN, so they need no JSON escaping.
+    ``costs``: the items' (expected tokens (NaN: none), max_new_tokens hint (0: none),
+    raise_may_pass), or None (a plan of a run without cost evidence): fields left out."""
 
     head: dict[str, Any]
     prompt_ids: list[str]
     rollouts: list[int]
     predicted: np.ndarray
+    costs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _cost_fields(self) -> list[dict[str, Any]]:
+        if self.costs is None:
+            return [{} for _ in self.prompt_ids]
+        tok, hint, flag = self.costs
+        out = []
+        for t, h, f in zip(np.asarray(tok, float).tolist(), np.asarray(hint).tolist(), np.asarray(flag).tolist()):
+            d: dict[str, Any] = {"expected_tokens": None if t != t else t}
+            if h:
+                d["max_new_tokens"] = int(h)
+                d["raise_may_pass"] = bool(f)
+            out.append(d)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.head,
             "items": [
-                {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p}
-                for i, r, p in zip(self.prompt_ids, self.rollouts, self.predicted.tolist())
+                {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p, **c}
+                for i, r, p, c in zip(self.prompt_ids, self.rollouts, self.predicted.tolist(), self._cost_fields())
             ],
         }
 
     def to_json(self) -> bytes:
-        if not np.isfinite(self.predicted).all():  # not expected; json then refuses rather than emit NaN
+        if self.costs is not None or not np.isfinite(self.predicted).all():
+            # Not the hot path's shape (or not finite, not expected: json then refuses NaN).
             return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":")).encode()
         items = ",".join(
             f'{{"prompt_id":"{i}","rollouts":{r},"predicted_pass_rate":{p!r}}}'
@@ -61,20 +78,38 @@ class PlanJSON:
         return (json.dumps(self.head, separators=(",", ":"))[:-1] + f',"items":[{items}]}}').encode()
 
 
-def plan_out(state: RunState, plan: Plan, ordinals, rollouts, predicted) -> PlanJSON:
+def plan_out(state: RunState, plan: Plan, ordinals, rollouts, predicted, costs=None) -> PlanJSON:
     ids = state.ids
+    head: dict[str, Any] = {
+        "plan_id": plan.id,
+        "step": plan.step,
+        "strategy": plan.strategy,
+        "batch_size": plan.batch_size,
+        "rollout_budget": plan.rollout_budget,
+    }
+    if plan.token_budget is not None:
+        head["token_budget"] = plan.token_budget
+    if costs is not None:
+        tok = np.asarray(costs[0], float)
+        head["expected_tokens"] = float(np.nansum(tok)) if np.isfinite(tok).any() else None
     return PlanJSON(
-        {
-            "plan_id": plan.id,
-            "step": plan.step,
-            "strategy": plan.strategy,
-            "batch_size": plan.batch_size,
-            "rollout_budget": plan.rollout_budget,
-        },
+        head,
         [ids[o] for o in np.asarray(ordinals).tolist()],
         np.asarray(rollouts).tolist(),
         np.asarray(predicted, dtype=np.float64),
+        costs,
     )
+
+
+def stored_costs(rows: list[tuple[float | None, int | None, bool | None]]):
+    """A stored plan's item costs (``repository.plan_item_costs``) as ``PlanJSON.costs``;
+    None when no item has any."""
+    if not any(t is not None or h is not None for t, h, _ in rows):
+        return None
+    tok = np.array([np.nan if t is None else t for t, _, _ in rows], np.float64)
+    hint = np.array([h or 0 for _, h, _ in rows], np.int64)
+    flag = np.array([bool(f) for _, _, f in rows], bool)
+    return tok, hint, flag
 
 
 def check_allocation_size(settings: Settings, batch_size: int, lo: int, hi: int, loc: str) -> None:
@@ -133,6 +168,7 @@ class Planner:
     def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, PlanJSON]:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
+        tokens = body.token_budget is not None
         with self._transaction(run_id) as tx:
             s, run = tx.session, tx.run
             cfg = run.settings
@@ -142,34 +178,56 @@ class Planner:
             step = body.step if body.step is not None else repo.next_step(s, run.pk)
             existing = repo.plan_of_step(s, run.pk, step)
             if existing is not None:
-                if (existing.batch_size, existing.rollout_budget) != (body.batch_size, budget):
-                    raise Conflict(
-                        f"step {step} already has a plan with batch_size={existing.batch_size}, "
-                        f"rollout_budget={existing.rollout_budget}; this request asks for "
-                        f"batch_size={body.batch_size}, rollout_budget={budget}"
-                    )
+                self._same_request(existing, body, budget, step)
                 state = self.store.state(s, run)
                 o, r, p = (list(c) for c in zip(*repo.plan_items(s, existing.id, 0)))
-                return False, plan_out(state, existing, o, r, p)
+                return False, plan_out(state, existing, o, r, p, stored_costs(repo.plan_item_costs(s, existing.id)))
             if run.n_prompts < body.batch_size:
                 raise Conflict(
                     f"batch_size: the run's pool has {run.n_prompts} prompts, fewer than batch_size "
                     f"{body.batch_size}; register more prompts or ask for a smaller batch"
                 )
-            why = allocation.check_budget(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"])
-            if why:
-                raise Invalid(f"rollout_budget: {why}", errors=[{"loc": "body.rollout_budget", "msg": why}])
-            check_allocation_size(
-                self.settings, body.batch_size, cfg["min_rollouts"], cfg["max_rollouts"], "batch_size"
-            )
+            lo, hi = cfg["min_rollouts"], cfg["max_rollouts"]
+            if tokens:
+                # Candidates: the strategy ranks twice the batch (its own rule, its default split).
+                n_cand = min(run.n_prompts, 2 * body.batch_size)
+                cand_budget = n_cand * cfg["rollouts_per_prompt"]
+                if body.rollout_budget is not None and body.rollout_budget < lo:
+                    bad: str | None = f"rollout_budget {body.rollout_budget} is below min_rollouts = {lo}"
+                    raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
+            else:
+                n_cand, cand_budget = body.batch_size, budget
+                bad = allocation.check_budget(body.batch_size, budget, lo, hi)
+                if bad:
+                    raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
+            check_allocation_size(self.settings, n_cand, lo, hi, "batch_size")
             changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
             spec = spec_for_step(cfg, changes, step)
             state, seq = self._sealed(tx, spec, step)
-            req = strat.PlanRequest(body.batch_size, budget, cfg["min_rollouts"], cfg["max_rollouts"], step)
+            req = strat.PlanRequest(n_cand, cand_budget, lo, hi, step)
             # The reports still pending (of steps ≥ step − 1) count, from a copy (``read``).
             with state.read() as pool:
                 t0 = time.perf_counter()
                 decision = state.strategy.plan(pool, req, strat.plan_rng(run.id, step, state.strategy.name))
+                ords: np.ndarray = decision.ordinals
+                rolls: np.ndarray = decision.rollouts
+                pred: np.ndarray = decision.predicted_pass_rate
+                costs = None
+                if tokens or pool.cost.active or body.max_new_tokens is not None:
+                    if tokens:
+                        assert body.token_budget is not None
+                        keep, alloc = cost.token_plan(
+                            pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget
+                        )
+                        if keep.size == 0:
+                            cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords)["tokens"].min())
+                            why = (
+                                f"token_budget {body.token_budget} is below the expected cost of a first group "
+                                f"(max(min_rollouts, 2) rollouts) of the cheapest candidate ({cheapest:.0f} tokens)"
+                            )
+                            raise Invalid(f"token_budget: {why}", errors=[{"loc": "body.token_budget", "msg": why}])
+                        ords, rolls, pred = ords[keep], alloc, pred[keep]
+                    costs = cost.item_costs(pool, ords, rolls, body.max_new_tokens)
                 compute_s = time.perf_counter() - t0
             plan = Plan(
                 id=uuid.uuid4().hex,
@@ -177,17 +235,36 @@ class Planner:
                 step=step,
                 strategy=state.strategy.name,
                 batch_size=body.batch_size,
-                rollout_budget=budget,
+                rollout_budget=int(np.sum(rolls)),
                 compute_ms=compute_s * 1000.0,
                 log_seq=seq,
+                token_budget=body.token_budget,
+                rollout_cap=body.rollout_budget if tokens else None,
+                max_new_tokens=body.max_new_tokens,
             )
             run.n_plans += 1  # flushed with the run's log position, in one UPDATE
-            repo.add_plan(s, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
-            out = plan_out(state, plan, decision.ordinals, decision.rollouts, decision.predicted_pass_rate)
+            repo.add_plan(s, plan, ords, rolls, pred, costs)
+            out = plan_out(state, plan, ords, rolls, pred, costs)
         if self.metrics is not None:
             self.metrics.observe_plan(state.strategy.name, compute_s)
         self.store.settled(state)
         return True, out
+
+    @staticmethod
+    def _same_request(existing: Plan, body: schemas.PlanIn, budget: int, step: int) -> None:
+        """409 unless the request asks for the stored plan of its step."""
+        have: tuple[int | None, ...]
+        want: tuple[int | None, ...]
+        if body.token_budget is not None or existing.token_budget is not None:
+            have = (existing.batch_size, existing.token_budget, existing.rollout_cap, existing.max_new_tokens)
+            want = (body.batch_size, body.token_budget, body.rollout_budget, body.max_new_tokens)
+            names = "batch_size, token_budget, rollout_budget, max_new_tokens"
+        else:
+            have = (existing.batch_size, existing.rollout_budget, existing.max_new_tokens)
+            want = (body.batch_size, budget, body.max_new_tokens)
+            names = "batch_size, rollout_budget, max_new_tokens"
+        if have != want:
+            raise Conflict(f"step {step} already has a plan with ({names}) = {have}; this request asks for {want}")
 
     def extend(self, run_id: str, plan_id: str, body: schemas.ExtendIn) -> tuple[bool, schemas.ExtendOut]:
         """The commit phase of a two-phase plan (Pilot-Commit): extra rollouts for the plan's

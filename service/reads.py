@@ -42,6 +42,7 @@ class Reads:
             g = pool.groups[o]
             rs = pool.reward_sum[o]
             last = pool.last_step[o]
+            cost = pool.cost_estimates(o) if pool.cost.active else None
         lo, hi = state.reward_range
         states = state_codes(n, pred)
         out = []
@@ -62,6 +63,7 @@ class Reads:
                     "last_step": int(last[i]) if last[i] >= 0 else None,
                     "state": STATES[states[i]],
                     "strategy_estimates": {k: float(v[i]) for k, v in extras.items()},
+                    "cost": None if cost is None else {k: float(v[i]) for k, v in cost.items()},
                 }
             )
         return out

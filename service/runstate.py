@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from .scheduling import strategies as strat
+from .scheduling.cost import N_COST, cost_or_none
 from .scheduling.pool import Observations, PoolState
 from .scheduling.util import grow
 
@@ -84,6 +85,9 @@ class ReportEvent:
     reward_sum: np.ndarray  # float64, on the run's reward scale
     informative: np.ndarray  # bool
     abs_adv: np.ndarray  # float64
+    # (G, 6) float64, the groups' completion tokens and truncations (``cost.COST_FIELDS``);
+    # None when the report gave none (``cost.cost_or_none``: the same event live and replayed).
+    cost: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,7 @@ class RunState:
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
         self.pool = self.strategy.make_pool()
+        self.pool.reward_range = self.reward_range
         self.index = _IdIndex(self.ids)
 
     # -- the reducer -------------------------------------------------------------------
@@ -374,7 +379,9 @@ class RunState:
         stale = max(0, self.reported_step - e.step)
         self.reported_step = max(self.reported_step, e.step)
         self.pending.append(
-            Observations(e.ordinals, n, k, np.full(g, e.step, np.int64), e.informative, e.abs_adv, np.full(g, stale))
+            Observations(
+                e.ordinals, n, k, np.full(g, e.step, np.int64), e.informative, e.abs_adv, np.full(g, stale), e.cost
+            )
         )
         self.pending_groups += g
         if self.pending_groups >= PENDING_MAX_GROUPS:
@@ -506,18 +513,30 @@ def _seal_into(
 
 def _steps(pending: list[Observations]) -> list[Observations]:
     """The pending groups as one update per step, in ascending step order, each step's
-    groups in a canonical order (see the module's docstring)."""
-    cat = {f: np.concatenate([getattr(o, f) for o in pending]) for f in Observations.__dataclass_fields__}
+    groups in a canonical order (see the module's docstring). A step none of whose groups
+    has a cost carries none (``cost`` None), whatever reports it came in."""
+    fields = [f for f in Observations.__dataclass_fields__ if f != "cost"]
+    cat = {f: np.concatenate([getattr(o, f) for o in pending]) for f in fields}
+    with_cost = any(o.cost is not None for o in pending)
+    if with_cost:
+        cat["cost"] = np.concatenate([np.zeros((len(o), N_COST)) if o.cost is None else o.cost for o in pending])
     steps = cat["step"]
     # Canonical order: by step, then by every field of a group, so any chunking and
     # any order of a step's reports give the same sequence.
-    order = np.lexsort(
-        (cat["staleness"], cat["abs_adv"], cat["informative"], cat["successes"], cat["n"], cat["ordinals"], steps)
-    )
+    keys = [cat["staleness"], cat["abs_adv"], cat["informative"], cat["successes"], cat["n"], cat["ordinals"], steps]
+    if with_cost:
+        keys = [cat["cost"][:, j] for j in range(N_COST - 1, -1, -1)] + keys
+    order = np.lexsort(tuple(keys))
     cat = {f: v[order] for f, v in cat.items()}
     steps = cat["step"]
     bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, steps.size].tolist()
-    return [Observations(**{f: v[a:b] for f, v in cat.items()}) for a, b in zip(bounds[:-1], bounds[1:])]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part: dict[str, Any] = {f: v[a:b] for f, v in cat.items()}
+        if with_cost:
+            part["cost"] = cost_or_none(part["cost"])
+        out.append(Observations(**part))
+    return out
 
 
 def _same_obs(a: Observations, b: Observations) -> bool:
@@ -526,6 +545,10 @@ def _same_obs(a: Observations, b: Observations) -> bool:
         return True
     for f in Observations.__dataclass_fields__:
         x, y = getattr(a, f), getattr(b, f)
+        if x is None or y is None:
+            if x is not y:
+                return False
+            continue
         if x.dtype != y.dtype or not np.array_equal(x, y):
             return False
     return True

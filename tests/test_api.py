@@ -268,7 +268,8 @@ def test_report_and_stats(client):
     assert stats == {"prompts": 50, "steps": 1, "plans": 1, "results": 4, "rollouts": 32, "informative_rollouts": 24}
     p = client.get(f"/v1/runs/run-1/prompts/{groups[0][0].replace('/', '%2F')}").json()
     assert p["rollouts"] == 8 and p["mean_reward"] == pytest.approx(3 / 8) and p["last_step"] == 0
-    assert p["history"] == [{"report_id": "rank0-step0", "step": 0, "rewards": [1, 0, 0, 1, 1, 0, 0, 0]}]
+    assert p["history"] == [{"report_id": "rank0-step0", "step": 0, "rewards": [1, 0, 0, 1, 1, 0, 0, 0],
+                             "tokens": None, "truncated": None}]
     # MoPPS update from Beta(1,1), λ = 0.5: α = 1 + 3, β = 1 + 5.
     assert p["posterior"] == {"alpha": pytest.approx(4.0), "beta": pytest.approx(6.0)}
     # Off-plan and plan-less reports are accepted; a later step counts as a step.
@@ -370,6 +371,52 @@ def test_report_field_errors(client):
     assert_problem(client.post("/v1/runs/run-1/results", json={"report_id": "a", "results": [{"prompt_id": "set/1", "rewards": [1]}]}), 422, "step")
     assert_problem(report(client, "a", 0, [("set/1", [1])], plan_id="nope"), 422, "plan_id")
     assert_problem(client.post("/v1/runs/run-1/results", content=b"{not json", headers={"content-type": "application/json"}), 422)
+
+
+def test_report_cost_fields(client):
+    """Per-rollout ``tokens`` and ``truncated``: optional, validated (4xx naming the field,
+    nothing stored), folded into the prompt's cost estimates, part of the fingerprint."""
+    make_run(client)
+
+    def send(rid, group, step=0):
+        return client.post("/v1/runs/run-1/results", json={"report_id": rid, "step": step, "results": [group]})
+
+    base = {"prompt_id": "set/1", "rewards": [1, 0, 1]}
+    bad = [
+        ({"tokens": [10, 20]}, "tokens"),  # one per reward
+        ({"truncated": [True]}, "truncated"),
+        ({"tokens": [10, -1, 3]}, "tokens"),
+        ({"tokens": [10, 2**20 + 1, 3]}, "tokens"),
+        ({"tokens": [10, 1.5, 3]}, "tokens"),
+        ({"tokens": [10, "7", 3]}, "tokens"),
+        ({"tokens": 12}, "tokens"),
+        ({"truncated": [True, 1, False]}, "truncated"),
+        ({"truncated": [True, "yes", False]}, "truncated"),
+        ({"truncated": [None, True, False]}, "truncated"),
+    ]
+    for extra, field in bad:
+        body = assert_problem(send("bad", {**base, **extra}), 422, field)
+        assert any(field in e["loc"] or field in e["msg"] for e in body["errors"]), (extra, body)
+    assert client.get("/v1/runs/run-1").json()["stats"]["results"] == 0
+    # Without them: accepted, and the prompt has no cost evidence.
+    assert send("plain", base).json() == {"accepted": 1, "duplicate": False}
+    assert client.get("/v1/runs/run-1/prompts/set/1").json()["cost"] is None
+    ok = {**base, "prompt_id": "set/2", "tokens": [100, 300, 2**20], "truncated": [False, False, True]}
+    assert send("costly", ok, step=1).json() == {"accepted": 1, "duplicate": False}
+    assert send("costly", ok, step=1).json()["duplicate"] is True
+    assert_problem(send("costly", {**ok, "tokens": [100, 300, 7]}, step=1), 409)
+    detail = client.get("/v1/runs/run-1/prompts/set/2").json()
+    assert [(h["tokens"], h["truncated"]) for h in detail["history"]] == [(100 + 300 + 2**20, 1)]
+    cost = detail["cost"]
+    assert cost["tokens_seen"] == 3 and cost["truncation_seen"] == 3
+    assert 100 < cost["tokens"] < 2**20 and 0.3 < cost["truncation"] < 0.7
+    # The prompt without its own lengths is given its domain's (the pool's) mean.
+    other = client.get("/v1/runs/run-1/prompts/set/1").json()["cost"]
+    assert other["tokens_seen"] == 0 and other["tokens"] > 100
+    # The timeline: tokens per step, those in zero-variance groups, truncated completions.
+    tl = {x["step"]: x for x in client.get("/v1/runs/run-1/timeline").json()["items"]}
+    assert (tl[0]["tokens"], tl[0]["wasted_tokens"], tl[0]["truncated"]) == (None, None, None)
+    assert (tl[1]["tokens"], tl[1]["wasted_tokens"], tl[1]["truncated"]) == (100 + 300 + 2**20, 0, 1)
 
 
 def test_report_limits(make_client):

@@ -32,6 +32,22 @@ def test_sim_smoke(tmp_path):
     assert (tmp_path / "sim_accuracy.png").stat().st_size > 0
 
 
+def test_cost_world_smoke(tmp_path):
+    """The cost world: every arm runs, reports tokens, rollouts, the zero-signal token share and
+    truncation; a token plan never spends past its budget; hints lower truncation on the same plans."""
+    from rollplan.benchmarks import cost
+
+    res = cost.main(["--smoke", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "cost.json").read_text())["summary"] == json.loads(json.dumps(res["summary"]))
+    assert set(res["summary"]) == set(cost.ARMS)
+    for run in res["runs"]:
+        assert 0.0 <= run["zero_signal_token_share"] <= 1.0 and 0.0 <= run["truncated_share"] <= 1.0
+        if run["arm"].startswith("tokens"):  # at most the budget's expectation, give or take the draws
+            assert run["tokens"] <= 1.3 * run["token_budget"] * 40  # 40 smoke steps
+    r = res["summary"]["rollouts"]
+    assert r["truncated_share_same_plan_hinted"] <= r["truncated_share"]
+
+
 @pytest.fixture(scope="module")
 def learner_out(tmp_path_factory):
     """One output folder for the learner tests: the warm-up checkpoint (cached there per

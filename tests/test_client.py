@@ -370,6 +370,14 @@ def test_request_bodies():
     assert seen == [{"report_id": "rep", "step": 5, "plan_id": "p", "results": [
         {"prompt_id": "a", "rewards": [1.0, 0.0]}, {"prompt_id": "b", "rewards": [1.0, 0.5]}]}]
     seen.clear()
+    # Each rollout's cost: in the dict, or as the tuple's third and fourth items.
+    c.report("r", "rep2", 6, [{"prompt_id": "a", "rewards": [1, 0], "tokens": [12, 7.0], "truncated": [0, 1]},
+                              ("b", [1], [3], None), ("c", [0], None, [True])])
+    assert seen[0]["results"] == [
+        {"prompt_id": "a", "rewards": [1.0, 0.0], "tokens": [12, 7], "truncated": [False, True]},
+        {"prompt_id": "b", "rewards": [1.0], "tokens": [3]},
+        {"prompt_id": "c", "rewards": [0.0], "truncated": [True]}]
+    seen.clear()
     # A 413 splits the chunk in halves until each part fits.
     assert c.upsert_prompts("r", ["p0", *({"id": f"p{i}"} for i in range(1, 10))], chunk_size=8) == PromptsAck(10, 0)
     assert [len(b["prompts"]) for b in seen] == [8, 4, 2, 2, 4, 2, 2, 2]

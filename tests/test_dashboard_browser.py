@@ -143,6 +143,7 @@ def test_run_page_charts_show_the_api_data(live, browser):
     assert series(browser, "chart-reward")["series"]["mean reward"] == pytest.approx([t["mean_reward"] for t in tl])
     assert series(browser, "chart-calibration")["series"]["Brier"] == pytest.approx([t["calibration"]["brier"] for t in tl])
     assert series(browser, "chart-latency")["series"]["compute ms"] == pytest.approx([t["plan"]["compute_ms"] for t in tl])
+    assert series(browser, "chart-tokens")["series"]["tokens"] == [t["tokens"] for t in tl]  # None: not reported
 
     hist = api(server, base + "/pass-rate-histogram", bins=20)
     heat = series(browser, "heatmap")

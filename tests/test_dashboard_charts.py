@@ -29,7 +29,8 @@ from test_dashboard_browser import (  # noqa: F401  (fixtures)
     series,
 )
 
-LINE_CHARTS = ("chart-rollouts", "chart-reward", "chart-calibration", "chart-states", "chart-latency", "chart-domains")
+LINE_CHARTS = ("chart-rollouts", "chart-reward", "chart-calibration", "chart-states", "chart-latency", "chart-domains",
+               "chart-tokens")
 
 
 def wait(driver, cond, timeout=60):

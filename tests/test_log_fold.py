@@ -7,7 +7,8 @@ each step's groups come as one report from one process. In database B they come 
 1–8 reports in a shuffled order, one of them sent twice, the requests alternating
 between two processes (replicas). Then a third process starts on B (a restart: its
 state is folded from the log). The live process, the replica, the restart and the
-one-report run must give identical estimates, strategy states and next plans.
+one-report run must give identical estimates (with the cost estimates: some groups carry
+completion tokens and truncation flags), strategy states and next plans.
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ def drive(scn: dict, name: str | dict, run_id: str, pick, chunked: bool, text: b
             send("post", f"{base}/strategy", {"strategy": {"name": scn["change_to"]}})
         ords = rng.choice(pool, groups_per_step)
         groups = [{"prompt_id": f"p{o}", "rewards": (rng.random(N) < true_p[o]).astype(int).tolist()} for o in ords]
+        for g in groups:  # some groups carry their cost (completion tokens, truncation), some not
+            u = rng.random()
+            if u < 0.6:
+                g["tokens"] = rng.integers(0, 4096, N).tolist()
+            if 0.3 < u < 0.9:
+                g["truncated"] = (rng.random(N) < 0.3).tolist()
         k = scn["chunks"][step] if chunked else 1
         parts = [list(x) for x in np.array_split(np.arange(groups_per_step), k) if len(x)]
         if chunked:

@@ -379,3 +379,41 @@ def test_eval_metrics_wait_out_an_outage_and_figures_match_the_timeline(server_f
         got = [(m["step"], m["values"]["eval/acc"]) for m in rp.list_metrics("core-run")]
     assert got == [(0, 0.25), (1, 0.5), (2, 0.75)]
     s.close()
+
+
+def test_report_carries_tokens_and_truncation(tmp_path):
+    """(prompt_id, rewards, tokens, truncated) tuples: the cost rides along with the kept
+    rewards (masked rollouts leave out their tokens and flags too); lengths that the
+    service would refuse drop the group's lengths, never the group."""
+    import queue
+
+    s = RollplanScheduler("nowhere", IDS, url="http://127.0.0.1:9", max_retries=0, spool_dir=tmp_path)
+    s._queue = q = queue.Queue()  # the sender thread reads the old queue: nothing is sent
+    s.report(0, [(IDS[0], [1, None, 0], [10, 99, 20], [False, True, True]),
+                 (IDS[1], [1.0, 0.0], [5, -1], None),
+                 (IDS[2], [1.0, 0.0], None, [True, False]),
+                 (IDS[3], [1.0])])
+    groups = q.get_nowait()["results"]
+    assert groups == [
+        {"prompt_id": IDS[0], "rewards": [1.0, 0.0], "tokens": [10, 20], "truncated": [False, True]},
+        {"prompt_id": IDS[1], "rewards": [1.0, 0.0]},
+        {"prompt_id": IDS[2], "rewards": [1.0, 0.0], "truncated": [True, False]},
+        {"prompt_id": IDS[3], "rewards": [1.0]},
+    ]
+    s.close(timeout=5)
+
+
+def test_a_token_plan_is_taken_as_it_is_and_unused_hints_are_counted(tmp_path):
+    """A plan in tokens may hold fewer prompts than the batch: not filled up uniformly.
+    Generation-limit hints no trainer here can apply are counted as unused."""
+    from rollplan.client import Plan, PlanItem
+
+    s = RollplanScheduler("nowhere", IDS, url="http://127.0.0.1:9", max_retries=0, spool_dir=tmp_path)
+    items = [PlanItem(IDS[0], 4, 0.5, 800.0, 2048, True), PlanItem(IDS[1], 2, 0.4, 300.0)]
+    plan = Plan("p", 0, "default", 8, 6, items, token_budget=1200, expected_tokens=1100.0)
+    local = s._localise(0, plan, 8)
+    assert local.prompt_ids == [IDS[0], IDS[1]] and local.rollouts == [4, 2]
+    assert s.stats.extra["max_new_tokens_hints_unused"] == 1
+    rollout_plan = Plan("q", 1, "default", 3, 6, items[:1])
+    assert len(s._localise(1, rollout_plan, 3).prompt_ids) == 3  # a rollout plan is still filled
+    s.close(timeout=5)

@@ -108,6 +108,25 @@ def _check_service_matches(url, run_id, recorder, steps):
                 assert p["rollouts"] == 0
 
 
+def _check_costs_reported(url, run_id, recorder, limit=6):
+    """Every stored group carries its completions' tokens (the lengths the reward function
+    saw) and truncation count (length = max_completion_length without an EOS)."""
+    want = defaultdict(list)  # prompt id -> [(step, tokens, at the limit)]
+    for call in recorder.calls:
+        for k in range(0, len(call["ids"]), G):
+            lengths = call["lengths"][k:k + G]
+            want[call["ids"][k]].append((call["step"][k], sum(lengths), sum(n >= limit for n in lengths)))
+    with Client(url) as rp:
+        for pid, groups in want.items():
+            hist = rp.get_prompt(run_id, pid)["history"]
+            got = sorted((h["step"], h["tokens"], h["truncated"]) for h in hist)
+            assert [g[:2] for g in got] == sorted(g[:2] for g in groups)
+            # truncated ≤ completions at the limit (one that ends in its EOS at the limit is not)
+            assert all(0 <= t <= w[2] for (_, _, t), w in zip(got, sorted(groups)))
+            cost = rp.get_prompt(run_id, pid)["cost"]
+            assert cost is not None and cost["tokens_seen"] > 0 and cost["truncation_seen"] > 0
+
+
 def test_grpo_trainer_trains_on_planned_prompts_and_reports(server_factory, tmp_path):
     srv = server_factory().start()
     rec = Recorder()
@@ -120,6 +139,7 @@ def test_grpo_trainer_trains_on_planned_prompts_and_reports(server_factory, tmp_
     assert trainer.rollplan.spooled() == 0
     # the plan's step is the trainer's global step (defaults: one generation per step)
     assert [c["global_step"] for c in rec.calls] == [0, 1, 2]
+    _check_costs_reported(srv.url, "trl-test", rec)
     trainer.rollplan.close()
 
     # Resume: a new trainer on the same run attaches (PUT with the same settings -> 200)

@@ -313,7 +313,7 @@ def test_service_killed_between_steps_falls_back_and_loses_no_report(server_fact
     buffer.rollplan_id_prefix = "arith/"
     expected = {}
     for global_step, batch in ((1, b0), (2, b1), (3, b2)):
-        keys, ids, steps, scores = [], [], [], []
+        keys, ids, steps, scores, masks = [], [], [], [], []
         for j, (pid, n, step) in enumerate(zip(batch["rollplan_prompt_id"], batch["__rollout_n__"],
                                                batch["rollplan_step"])):
             for s in range(int(n)):
@@ -321,17 +321,21 @@ def test_service_killed_between_steps_falls_back_and_loses_no_report(server_fact
                 ids.append(pid)
                 steps.append(int(step))
                 scores.append(torch.tensor([0.0, float((j + s) % 2)]))
-            expected[(int(step), str(pid))] = [float((j + s) % 2) for s in range(int(n))]
+                masks.append((torch.arange(4) < (j + s) % 4 + 1).int())  # (j + s) % 4 + 1 tokens of 4
+            lengths = [(j + s) % 4 + 1 for s in range(int(n))]
+            expected[(int(step), str(pid))] = ([float((j + s) % 2) for s in range(int(n))], sum(lengths),
+                                               sum(t == 4 for t in lengths))
         buffer.report_rows(global_step, keys, {"rm_scores": scores, "rollplan_prompt_id": ids,
-                                               "rollplan_step": steps})
+                                               "rollplan_step": steps, "response_mask": masks})
     srv.start()
     assert train.rollplan.flush(timeout=60) == 0
     assert train.rollplan.stats.reports_spooled >= 1
     with Client(srv.url) as rp:
         run = rp.get_run("verl-kill")
         assert run.stats["results"] == 3 * BATCH
-        for (step, pid), rewards in expected.items():
-            assert [h["rewards"] for h in rp.get_prompt("verl-kill", pid)["history"] if h["step"] == step] == [rewards]
+        for (step, pid), want in expected.items():
+            hist = rp.get_prompt("verl-kill", pid)["history"]
+            assert [(h["rewards"], h["tokens"], h["truncated"]) for h in hist if h["step"] == step] == [want]
     train.rollplan.close()
 
 

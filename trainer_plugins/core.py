@@ -91,6 +91,7 @@ def default_spool_dir() -> Path:
 
 _SHARED: dict[str, RollplanScheduler] = {}
 _SHARED_LOCK = threading.Lock()
+MAX_COMPLETION_TOKENS = 1 << 20  # the service's bound on a report's completion length
 
 
 def shared_scheduler(run_id: str, make: Callable[[], RollplanScheduler] | None = None) -> RollplanScheduler | None:
@@ -431,7 +432,13 @@ class RollplanScheduler:
                 predicted.append(item.predicted_pass_rate)
             else:
                 self.stats.unknown_planned_prompts += 1
-        missing = batch_size - len(indices)
+        hinted = sum(getattr(i, "max_new_tokens", None) is not None for i in plan.items)
+        if hinted:  # no plugin sets a per-prompt generation limit (yet): counted as unused
+            self.stats.extra["max_new_tokens_hints_unused"] = (
+                self.stats.extra.get("max_new_tokens_hints_unused", 0) + hinted
+            )
+        # A plan in tokens may hold fewer prompts than the batch: that is its answer.
+        missing = 0 if getattr(plan, "token_budget", None) is not None else batch_size - len(indices)
         if missing > 0:  # the run's pool holds prompts this dataset lacks: fill uniformly
             logger.warning("plan of step %d names %d prompts not in the local dataset; filled uniformly", step, missing)
             rng = random.Random(f"{self.seed}-{step}-fill")
@@ -459,23 +466,40 @@ class RollplanScheduler:
     def report(
         self,
         step: int,
-        results: Iterable[tuple[str, Sequence[float | None]]] | Mapping[str, Sequence[float | None]],
+        results: Iterable[tuple[Any, ...]] | Mapping[str, Sequence[float | None]],
         *,
         plan_id: str | None = None,
         chunk: int | str = 0,
     ) -> str | None:
-        """Queue the rewards of ``step`` (``(prompt_id, rewards)`` pairs) for sending.
+        """Queue the rewards of ``step`` (``(prompt_id, rewards)`` pairs, or
+        ``(prompt_id, rewards, tokens, truncated)`` tuples with each rollout's completion
+        length and truncation flag, either None when unknown) for sending.
 
         Returns the report id (``{reporter}-{step}-{chunk}``), or None when nothing was
-        left to send. ``None`` and NaN rewards (masked rollouts) are left out; a group with
-        no reward left is dropped. Does not block on the network.
+        left to send. ``None`` and NaN rewards (masked rollouts) are left out, with their
+        tokens and flags; a group with no reward left is dropped. A length that is not a
+        whole number ≥ 0 (or above the service's bound, 2²⁰) drops the group's lengths, not
+        the group. Does not block on the network.
         """
         pairs = results.items() if isinstance(results, Mapping) else results
         body = []
-        for pid, rewards in pairs:
-            kept = [float(r) for r in rewards if r is not None and r == r]
-            if kept:
-                body.append({"prompt_id": str(pid), "rewards": kept})
+        for item in pairs:
+            pid, rewards, *rest = item
+            tokens = rest[0] if rest else None
+            truncated = rest[1] if len(rest) > 1 else None
+            keep = [i for i, r in enumerate(rewards) if r is not None and r == r]
+            if not keep:
+                continue
+            group: dict[str, Any] = {"prompt_id": str(pid), "rewards": [float(rewards[i]) for i in keep]}
+            if tokens is not None and len(tokens) == len(rewards):
+                tok = [tokens[i] for i in keep]
+                if all(t is not None and float(t).is_integer() and 0 <= t <= MAX_COMPLETION_TOKENS for t in tok):
+                    group["tokens"] = [int(t) for t in tok]
+            if truncated is not None and len(truncated) == len(rewards):
+                flags = [truncated[i] for i in keep]
+                if all(f is not None for f in flags):
+                    group["truncated"] = [bool(f) for f in flags]
+            body.append(group)
         if not body:
             return None
         self._count(int(step), body)

@@ -321,14 +321,28 @@ class RollplanGRPOTrainer(_GRPOTrainer):
 
         rows = gather_object([(int(x[STEP_KEY]), str(x[ID_KEY]), int(x.get(COPY_KEY, 0))) for x in inputs])
         keys = [(step, pid) for step, pid, _ in rows]
+        costs = gather_object(self._completion_costs(completion_ids_list))
         if self.rollplan_mask_to_plan:
             rewards_per_func = self._mask_to_plan(rewards_per_func, rows)
         if self.accelerator.is_main_process:
             try:
-                self._report_rewards(rewards_per_func, keys)
+                self._report_rewards(rewards_per_func, keys, costs)
             except Exception:  # noqa: BLE001 - the scheduler never crashes training
                 logger.exception("Rollplan: could not queue the rewards of this batch")
         return rewards_per_func
+
+    def _completion_costs(self, completion_ids_list) -> list[tuple[int, bool]]:
+        """(tokens, truncated) of each completion of this rank: its length (the ids up to
+        and with the EOS, as TRL scores them) and whether generation stopped at
+        ``max_completion_length`` without an EOS."""
+        limit = self.args.max_completion_length
+        stop = set(self.eos_token_ids)
+        out = []
+        for ids in completion_ids_list:
+            ids = list(ids)
+            n = len(ids)
+            out.append((n, limit is not None and n >= limit and (n == 0 or int(ids[-1]) not in stop)))
+        return out
 
     def _planned(self, step: int, prompt_id: str) -> int:
         sampler = self._rollplan_sampler
@@ -399,7 +413,9 @@ class RollplanGRPOTrainer(_GRPOTrainer):
                     logprobs[k] = lp
         return completion_ids, logprobs
 
-    def _report_rewards(self, rewards_per_func, keys) -> None:
+    def _report_rewards(self, rewards_per_func, keys, costs=None) -> None:
+        """Queue each group's rewards, with its completions' lengths and truncation flags
+        (``costs``, one (tokens, truncated) per row) when given."""
         import torch
 
         weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
@@ -407,14 +423,22 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = float("nan")
         values = rewards.tolist()
         g = self.num_generations
-        by_step: dict[int, list[tuple[str, list[float]]]] = {}
+        by_step: dict[int, list[tuple[Any, ...]]] = {}
+        if costs is not None and len(costs) != len(keys):
+            costs = None
         for start in range(0, len(keys), g):
             group = keys[start : start + g]
             step, pid = group[0]
             if any(k != (step, pid) for k in group):
                 logger.warning("Rollplan: a group mixes prompts %s; not reported", sorted(set(group)))
                 continue
-            by_step.setdefault(step, []).append((pid, values[start : start + g]))
+            if costs is None:
+                by_step.setdefault(step, []).append((pid, values[start : start + g]))
+                continue
+            part = costs[start : start + g]
+            by_step.setdefault(step, []).append(
+                (pid, values[start : start + g], [c[0] for c in part], [c[1] for c in part])
+            )
         sampler = self._rollplan_sampler
         for step, results in by_step.items():
             plan = sampler.plans.get(step) if sampler is not None else None

@@ -255,13 +255,25 @@ class RollplanReplayBuffer(_ReplayBuffer):
         if not keys:
             return []
         wanted = ["rm_scores", ID_KEY, STEP_KEY, "index"]
+        if getattr(self, "_rollplan_masks", True):  # the response lengths, where the store has them
+            try:
+                data = tq.kv_batch_get(
+                    keys=keys, partition_id=batch.partition_id, select_fields=[*wanted, "response_mask"]
+                )
+                return self.report_rows(global_steps, keys, data)
+            except Exception:  # noqa: BLE001 - no response_mask field: report without lengths from now on
+                self._rollplan_masks = False
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=wanted)
         return self.report_rows(global_steps, keys, data)
 
     def report_rows(self, global_steps: int, keys: list[str], data: Any) -> list[str]:
-        """``data[field][i]`` belongs to trajectory ``keys[i]`` (``{uid}_{session}_{output}``)."""
+        """``data[field][i]`` belongs to trajectory ``keys[i]`` (``{uid}_{session}_{output}``).
+        With a ``response_mask`` field, each trajectory's completion tokens (the mask's sum)
+        and truncation (the mask full: the response reached ``rollout.response_length``, the
+        width verl pads responses to) are reported too."""
         scores = list(data["rm_scores"])
         fields = set(data.keys())
+        masks = list(data["response_mask"]) if "response_mask" in fields else None
         ids = list(data[ID_KEY]) if ID_KEY in fields else None
         steps = list(data[STEP_KEY]) if STEP_KEY in fields else None
         indices = list(data["index"]) if ids is None and "index" in fields else None
@@ -274,7 +286,7 @@ class RollplanReplayBuffer(_ReplayBuffer):
         groups: dict[str, list[int]] = defaultdict(list)
         for (uid, _session), (_out, row) in sorted(last.items()):
             groups[uid].append(row)
-        by_step: dict[int, list[tuple[str, list[float]]]] = defaultdict(list)
+        by_step: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
         for uid, rows in groups.items():
             first = rows[0]
             if ids is not None:
@@ -285,7 +297,13 @@ class RollplanReplayBuffer(_ReplayBuffer):
                 logger.warning("Rollplan: trajectories of %s carry no prompt id; not reported", uid)
                 continue
             step = int(steps[first]) if steps is not None else int(global_steps)
-            by_step[step].append((pid, [float(scores[r].sum().item()) for r in rows]))
+            rewards = [float(scores[r].sum().item()) for r in rows]
+            if masks is None:
+                by_step[step].append((pid, rewards))
+                continue
+            tokens = [int(masks[r].sum().item()) for r in rows]
+            full = [t >= int(masks[r].numel()) for t, r in zip(tokens, rows)]
+            by_step[step].append((pid, rewards, tokens, full))
         report_ids = []
         for step, results in sorted(by_step.items()):
             rid = self.rollplan.report(step, results, chunk=f"g{global_steps}")

@@ -62,6 +62,11 @@ class TimelineStep(BaseModel):
     wasted_all_failed: int = Field(description="Wasted rollouts in groups where every reward was the minimum.")
     effective_ratio: float | None
     mean_reward: float | None = Field(description="Raw mean reward of the step's rollouts.")
+    tokens: int | None = Field(
+        None, description="Completion tokens of the step's rollouts that reported them (null: none did)."
+    )
+    wasted_tokens: int | None = Field(None, description="Those tokens in zero-variance groups (no GRPO signal).")
+    truncated: int | None = Field(None, description="Completions reported truncated (null: no flags reported).")
     plan: PlanSummary | None
     calibration: Calibration | None
     strategy_state: dict[str, Any] = StrategyState

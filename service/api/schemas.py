@@ -5,7 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    TypeAdapter,
+    model_validator,
+)
 from typing_extensions import NotRequired, TypedDict
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
@@ -27,6 +37,12 @@ Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
 MAX_REWARD_ABS = 1e12
 RewardBound = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_REWARD_ABS, le=MAX_REWARD_ABS)]
 
+
+# A completion's length in tokens: a whole number, at most 2²⁰ (far above any generation
+# limit in use; sums over a group of 4096 and their squares stay exact in 64 bits). A
+# plan's token budget: at most 2⁴⁰.
+MAX_COMPLETION_TOKENS = 1 << 20
+MAX_TOKEN_BUDGET = 1 << 40
 
 # SQLite hands back naive datetimes (stored in UTC): answer RFC 3339 with an offset.
 UtcDatetime = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=timezone.utc))]
@@ -202,6 +218,14 @@ class PromptOut(BaseModel):
         "probability (greso), skill − difficulty on the logit scale (frontier, default).",
     )
     last_step: int | None
+    cost: dict[str, float] | None = Field(
+        None,
+        description="What the prompt's rollouts cost, from the reports' `tokens` and `truncated` (null while no "
+        "report of the run gave any): `tokens` (expected completion length, discounted by 0.95 a step, shrunk to "
+        "the domain's mean), `tokens_se` (its standard error), `tokens_seen` (discounted rollouts with a length), "
+        "`truncation` (the truncation rate's posterior mean), `truncation_sd`, `truncation_seen`, "
+        "`untruncated_pass_rate` (the pass rate of the completions that were not truncated).",
+    )
     state: str | None = Field(
         None,
         description="unseen (no rollouts), unsolved (predicted pass rate ≤ 0.1), frontier, or solved (≥ 0.9).",
@@ -216,6 +240,8 @@ class HistoryEntry(BaseModel):
     report_id: str
     step: int
     rewards: list[float]
+    tokens: int | None = Field(None, description="The group's completion tokens in all (null: not reported).")
+    truncated: int | None = Field(None, description="How many of its completions were truncated (null: not reported).")
 
 
 class PromptDetail(PromptOut):
@@ -239,12 +265,42 @@ class PlanIn(Strict):
         "server's max_rollout_budget (413 above).",
     )
     step: Step | None = Field(None, description="Trainer step; default: the run's next step.")
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKEN_BUDGET,
+        description="Plan in tokens: the expected completion tokens of the plan in all (≤ 2⁴⁰). The strategy "
+        "ranks 2 × batch_size candidates; then a greedy knapsack keeps at most batch_size of them, each with 0 or "
+        "min_rollouts … max_rollouts rollouts, maximising the expected informative groups per expected token "
+        "(a prompt's expected tokens: its `cost`, its domain's or the pool's mean without history), with "
+        "Σ expected_tokens ≤ token_budget and, when rollout_budget is given too, Σ rollouts ≤ rollout_budget. "
+        "422 when not even one prompt's min_rollouts fit.",
+    )
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_COMPLETION_TOKENS,
+        description="The trainer's generation limit now. With it, an item whose completions are often "
+        "truncated (truncation rate ≥ 0.1) carries a `max_new_tokens` hint (twice the limit) and "
+        "`raise_may_pass` (its untruncated completions pass at least half the time).",
+    )
 
 
 class PlanItemOut(BaseModel):
     prompt_id: str
     rollouts: int
     predicted_pass_rate: float
+    expected_tokens: float | None = Field(
+        None,
+        description="rollouts × the prompt's expected completion tokens (token plans, and every plan of a run "
+        "whose reports carry tokens).",
+    )
+    max_new_tokens: int | None = Field(
+        None, description="A larger generation limit for this prompt (only with the request's max_new_tokens)."
+    )
+    raise_may_pass: bool | None = Field(
+        None, description="With a hint: raising the limit is likely to turn truncated failures into passes."
+    )
 
 
 class PlanOut(BaseModel):
@@ -252,7 +308,9 @@ class PlanOut(BaseModel):
     step: int
     strategy: str
     batch_size: int
-    rollout_budget: int
+    rollout_budget: int = Field(description="Σ rollouts of the items.")
+    token_budget: int | None = Field(None, description="The request's token budget (token plans).")
+    expected_tokens: float | None = Field(None, description="Σ expected_tokens of the items, where they have them.")
     items: list[PlanItemOut]
 
 
@@ -269,11 +327,34 @@ class ExtendOut(BaseModel):
 
 
 # -- results ----------------------------------------------------------------------
+CompletionTokens = Annotated[StrictInt, Field(ge=0, le=MAX_COMPLETION_TOKENS)]
+
+
 class GroupIn(Strict):
     prompt_id: PromptId
     rewards: list[FiniteFloat] = Field(
         ..., min_length=1, description="At least one; at most the server's max_rewards_per_group (413 above)."
     )
+    tokens: list[CompletionTokens] | None = Field(
+        None,
+        description="Optional: each rollout's completion length in tokens (whole numbers 0 … 2²⁰), one per "
+        "reward, in the same order. Folded into the prompt's expected length (token budgets, plan items' "
+        "`expected_tokens`).",
+    )
+    truncated: list[StrictBool] | None = Field(
+        None,
+        description="Optional: whether each rollout's completion was cut at the generation limit, one per "
+        "reward, in the same order. Folded into the prompt's truncation rate (`max_new_tokens` hints).",
+    )
+
+    @model_validator(mode="after")
+    def _per_rollout(self) -> GroupIn:
+        n = len(self.rewards)
+        for name in ("tokens", "truncated"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: {len(v)} values for {n} rewards; send one per reward, in the same order")
+        return self
 
 
 class ResultsIn(Strict):

@@ -267,3 +267,64 @@ def knapsack(
         c -= x
     r[cv] += _top_gains(gains[:, cv], c)
     return r
+
+
+# -- token budgets ------------------------------------------------------------------------
+def token_knapsack(
+    p: np.ndarray,
+    tokens: np.ndarray,
+    token_budget: float,
+    max_prompts: int,
+    lo: int,
+    hi: int,
+    rollout_cap: int | None = None,
+) -> np.ndarray:
+    """Rollouts per candidate (0: left out) maximising the expected number of informative
+    groups Σ f(rᵢ), f(r) = 1 − pᵢʳ − (1−pᵢ)ʳ, subject to the expected cost
+    Σ rᵢ·tokensᵢ ≤ ``token_budget``, at most ``max_prompts`` candidates with rᵢ > 0, each
+    rᵢ ∈ {0} ∪ [lo, hi], and Σ rᵢ ≤ ``rollout_cap`` when given.
+
+    Greedy by value per token: a candidate's first b = max(lo, 2) rollouts (a group of one
+    is never informative; b = 1 only where hi = 1, valued p(1−p)) are one item (gain f(b),
+    cost b·tokensᵢ), each further rollout an item (gain f(r) − f(r−1), cost tokensᵢ). f is
+    concave with f(0) = 0, so a candidate's items come in ratio order block first: sorting
+    all items by gain per token (ties: the candidate's rank, then r) and keeping the blocks
+    of the first ``max_prompts`` candidates, the answer is the longest prefix within both
+    budgets (the fractional knapsack's greedy, short of it by at most one item). Items with
+    no gain (p ∈ {0, 1}) are never taken. Vectorised: one sort of B·(hi − lo + 1) items."""
+    p = np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    t = np.maximum(np.asarray(tokens, np.float64), 1.0)
+    B = p.size
+    out = np.zeros(B, np.int64)
+    if B == 0 or max_prompts <= 0 or hi < max(lo, 1):
+        return out
+    lo = min(max(lo, 2), hi)
+    ks = np.arange(lo, hi + 1, dtype=np.float64)[:, None]  # (H, 1): r = lo … hi
+    f = 1.0 - p[None, :] ** ks - (1.0 - p[None, :]) ** ks  # (H, B)
+    singles = np.maximum(np.minimum.accumulate(np.diff(f, axis=0), axis=0), 0.0)  # r = lo+1 … hi
+    first = f[:1] if lo >= 2 else (p * (1.0 - p))[None, :]
+    gain = np.vstack([first, singles])  # row 0: the block of lo rollouts
+    n_roll = np.vstack([np.full((1, B), lo), np.ones((hi - lo, B))])
+    cost = n_roll * t[None, :]
+    # Non-increasing in r per candidate (exactly, not up to rounding): its block comes first.
+    ratio = np.minimum.accumulate(gain / cost, axis=0)
+    H = hi - lo + 1
+    r_idx = np.repeat(np.arange(H), B)
+    c_idx = np.tile(np.arange(B), H)
+    flat = ratio.reshape(-1)
+    order = np.lexsort((r_idx, c_idx, -flat))
+    order = order[flat[order] > 0.0]
+    is_block = r_idx[order] == 0
+    # The first max_prompts blocks enter; a candidate whose block is later takes nothing.
+    block_rank = np.full(B, np.iinfo(np.int64).max)
+    block_rank[c_idx[order[is_block]]] = np.arange(int(is_block.sum()))
+    order = order[block_rank[c_idx[order]] < max_prompts]
+    c_cost = np.cumsum(cost.reshape(-1)[order])
+    c_roll = np.cumsum(n_roll.reshape(-1)[order])
+    fits = c_cost <= token_budget * (1.0 + 1e-12)
+    if rollout_cap is not None:
+        fits &= c_roll <= rollout_cap
+    k = int(np.argmin(fits)) if not fits.all() else fits.size
+    taken = order[:k]
+    np.add.at(out, c_idx[taken], n_roll.reshape(-1)[taken].astype(np.int64))
+    return out

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from .beta import BetaPosterior
+from .cost import CostStats
 from .textprior import PromptText
 from .util import grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
 
@@ -32,6 +33,9 @@ class Observations:
     informative: np.ndarray  # bool, rewards not all equal
     abs_adv: np.ndarray  # float64, mean |advantage| (std-normalised) of the group
     staleness: np.ndarray  # int64, steps the run's latest *reported* step was past `step` at commit
+    # (G, 6) float64, the groups' cost (``cost.COST_FIELDS``: completion tokens and
+    # truncations); None: no group of the report gave any.
+    cost: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.ordinals.shape[0])
@@ -75,8 +79,9 @@ class PoolState:
     ``eb_max_strength``.
 
     Memory: the columns are compact (a pool of N prompts holds about 49 N bytes here, plus
-    8 N with client priors and 8 N with the predictor): per-prompt counts and steps are
-    int32 and become int64 (``widen``) at the first value that would not fit — a function
+    8 N with client priors, 8 N with the predictor, 32 N once reports carry a cost):
+    per-prompt counts and steps are int32 and become int64 (``widen``) at the first value
+    that would not fit — a function
     of the log, so every replica widens at the same event; estimates are stored as float32
     and computed in float64 (reads cast the rows they index). Capacity grows by 1/16 past
     a million rows (``util.grow``).
@@ -92,8 +97,13 @@ class PoolState:
     # Keep prompts' text and embedding features (``textprior.PromptText``) for a strategy
     # that reads them (``default``'s text prior); None otherwise.
     use_text: bool = False
-    trackers: dict[str, Tracker] = field(default_factory=dict)
     text: PromptText | None = None
+    # The run's reward range (maps the cost's untruncated reward sums onto [0, 1]).
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    trackers: dict[str, Tracker] = field(default_factory=dict)
+    # Completion length and truncation per prompt (``cost``; no memory until a report
+    # carries a cost).
+    cost: CostStats = field(default_factory=CostStats)
 
     size: int = 0
     n_domains: int = 1
@@ -241,6 +251,7 @@ class PoolState:
         if new_domains > self._dom.shape[0]:
             self._dom = grow(self._dom, new_domains, 0.0)
         self.beta.grow(new_size)
+        self.cost.grow(self._rollouts.shape[0])
         self.size, self.n_domains = new_size, new_domains
         for t in self.trackers.values():
             t.grow(new_size, new_domains)
@@ -335,6 +346,8 @@ class PoolState:
             self.beta.update_unique(om, w[m] * obs.n[m], w[m] * obs.successes[m])
             np.add.at(self._dom, self._domain[om], self._contrib(om) - old)
         self.step = max(self.step, int(obs.step.max()))
+        if obs.cost is not None:
+            self.cost.observe(o, obs.step, obs.cost, self._rollouts.shape[0], self.reward_range)
         for t in self.trackers.values():
             t.observe(self, obs)
 
@@ -346,6 +359,11 @@ class PoolState:
         self._diff_sq[o] += np.minimum(d2, top)  # the smaller of the new term and the old largest
         self._diff_max[o] = np.maximum(d2, top)
         self._last_mean[o] = y
+
+    def cost_estimates(self, idx: np.ndarray | slice = slice(None)) -> dict[str, np.ndarray]:
+        """Expected completion tokens and truncation rate of the prompts at ``idx``, with their
+        uncertainty (``CostStats.estimates``)."""
+        return self.cost.estimates(self.size, idx, self.domain, self.n_domains)
 
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:

@@ -96,6 +96,11 @@ class Plan(Base):
     # Milliseconds the strategy spent computing the plan (migration 0002).
     compute_ms: Mapped[float | None] = mapped_column(Float)
     log_seq: Mapped[int | None] = mapped_column(BigInteger)
+    # A plan in tokens (migration 0012): the request's token budget, the rollout budget
+    # given beside it (a cap) and the trainer's generation limit; NULL where not given.
+    token_budget: Mapped[int | None] = mapped_column(BigInteger)
+    rollout_cap: Mapped[int | None] = mapped_column(BigInteger)
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),)
 
@@ -112,6 +117,11 @@ class PlanItem(Base):
     predicted_pass_rate: Mapped[float] = mapped_column(Float, nullable=False)
     # 0: the plan; 1: rollouts added by POST .../plans/{plan_id}/extend (pilot/commit).
     phase: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    # Migration 0011: rollouts × the prompt's expected tokens, the generation-limit hint and
+    # whether raising it may turn failures into passes (NULL: none).
+    expected_tokens: Mapped[float | None] = mapped_column(Float)
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)
+    raise_may_pass: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class Report(Base):
@@ -148,6 +158,16 @@ class Result(Base):
     # planned steps do not count) was past the report's step when it committed.
     staleness: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     rewards: Mapped[list] = mapped_column(JSON, nullable=False)
+    # The group's cost (migration 0011; 0 where the report gave none): rollouts with a
+    # completion length, the sum of the lengths and of their squares, rollouts with a
+    # truncation flag, how many of those were truncated (exact integers), and the sum of the
+    # rewards of the flagged rollouts that were not truncated.
+    tok_n: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    tok_sum: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    tok_sq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    trunc_n: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    trunc_k: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    pass_nt: Mapped[float] = mapped_column(Float, nullable=False, server_default="0")
 
     __table_args__ = (
         Index("ix_results_run_prompt", "run_pk", "prompt_ordinal"),

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..runstate import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
+from ..scheduling.cost import COST_FIELDS, cost_or_none
 from .db import bulk_insert, copy_text, literal
 from .models import (
     Plan,
@@ -45,6 +46,7 @@ RESULT_COLUMNS = (
     "abs_adv",
     "staleness",
     "rewards",
+    *COST_FIELDS,
 )
 PLAN_ITEM_COLUMNS = ("plan_id", "position", "prompt_ordinal", "rollouts", "predicted_pass_rate", "phase")
 PROMPT_EVENT_COLUMNS = (
@@ -187,12 +189,19 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
                 Result.reward_sum,
                 Result.informative,
                 Result.abs_adv,
+                Result.tok_n,
+                Result.tok_sum,
+                Result.tok_sq,
+                Result.trunc_n,
+                Result.trunc_k,
+                Result.pass_nt,
             ).where(Result.run_pk == run_pk),
             Result.report_seq,
         ).order_by(Result.report_seq, Result.position)
     ).all()
     if rows:
         cols = [np.asarray(c) for c in zip(*rows)]
+        cost = np.stack([c.astype(np.float64) for c in cols[7:13]], axis=1)
         for a, b in _runs(cols[0].astype(np.int64)):
             events.append(
                 ReportEvent(
@@ -203,6 +212,7 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
                     reward_sum=cols[4][a:b].astype(np.float64),
                     informative=cols[5][a:b].astype(bool),
                     abs_adv=cols[6][a:b].astype(np.float64),
+                    cost=cost_or_none(cost[a:b]),
                 )
             )
     for seq, step in s.execute(window(select(Plan.log_seq, Plan.step).where(Plan.run_pk == run_pk), Plan.log_seq)):
@@ -422,9 +432,13 @@ def _copy_column(name: str, values: list[Any]) -> list[str]:
 
 
 def history(s: Session, run_pk: int, ordinal: int, limit: int | None = None) -> list[dict[str, Any]]:
-    """The prompt's reported groups, oldest first; with ``limit``, only the latest ``limit``."""
+    """The prompt's reported groups, oldest first; with ``limit``, only the latest ``limit``.
+    ``tokens`` and ``truncated``: the group's completion tokens and truncated completions
+    (None where its report gave none)."""
     q = (
-        select(Report.report_id, Result.step, Result.rewards)
+        select(
+            Report.report_id, Result.step, Result.rewards, Result.tok_n, Result.tok_sum, Result.trunc_n, Result.trunc_k
+        )  # fmt: skip
         .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
         .where(Result.run_pk == run_pk, Result.prompt_ordinal == ordinal)
     )
@@ -432,7 +446,10 @@ def history(s: Session, run_pk: int, ordinal: int, limit: int | None = None) -> 
         rows = s.execute(q.order_by(Result.report_seq, Result.position)).all()
     else:
         rows = s.execute(q.order_by(Result.report_seq.desc(), Result.position.desc()).limit(limit)).all()[::-1]
-    return [{"report_id": r, "step": st, "rewards": rw} for r, st, rw in rows]
+    return [
+        {"report_id": r, "step": st, "rewards": rw, "tokens": ts if tn else None, "truncated": rk if rn else None}
+        for r, st, rw, tn, ts, rn, rk in rows
+    ]
 
 
 def history_count(s: Session, run_pk: int, ordinal: int) -> int:
@@ -523,11 +540,13 @@ def insert_report(
     staleness: int,
     texts: list[str],
     step_known: bool,
+    cost: np.ndarray | None = None,
 ) -> None:
-    """The report, its rows of the reward log, the step and the run's counters."""
+    """The report, its rows of the reward log (with the groups' ``cost``, (G, 6) or None:
+    zeros), the step and the run's counters."""
     k = len(texts)
     n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
-    _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts)
+    _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts, cost)
     params = {"pk": run.pk, "seq": seq, "rid": report_id, "hash": body_hash, "step": step, "plan": plan_id, "k": k,
               "nr": n_rollouts, "ni": n_informative}  # fmt: skip
     if is_postgres(s):  # the report, the step and the counters in one round trip
@@ -546,17 +565,28 @@ def insert_report(
         set_committed_value(run, name, value)
 
 
-def _insert_results(s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts) -> None:
+def _insert_results(
+    s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts, cost=None
+) -> None:
     cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist(), texts)
+    # The cost columns: five counts and token sums (exact integers), a reward sum.
+    if cost is None:
+        cost_rows: list[tuple] = [(0, 0, 0, 0, 0, 0.0)] * len(texts)
+    else:
+        cost_rows = [(*map(int, c[:5]), float(c[5])) for c in cost.tolist()]
     if is_postgres(s):  # COPY text built in one pass: this is the ingestion hot path
         head, mid, tail = f"{run_pk}\t{seq}\t", f"\t{step}\t", f"\t{staleness}\t"
+        costs = ["\t".join([*map(str, c[:5]), repr(c[5])]) for c in cost_rows]
         lines = [
-            f"{head}{i}\t{o}{mid}{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}{tail}{rw}\n"
-            for i, (o, n, r, inf, aa, rw) in enumerate(cols)
+            f"{head}{i}\t{o}{mid}{n}\t{r!r}\t{'t' if inf else 'f'}\t{aa!r}{tail}{rw}\t{c}\n"
+            for i, ((o, n, r, inf, aa, rw), c) in enumerate(zip(cols, costs))
         ]
         copy_text(s, "results", RESULT_COLUMNS, "".join(lines))
         return
-    rows = [(run_pk, seq, i, o, step, n, r, inf, aa, staleness, rw) for i, (o, n, r, inf, aa, rw) in enumerate(cols)]
+    rows = [
+        (run_pk, seq, i, o, step, n, r, inf, aa, staleness, rw, *c)
+        for i, ((o, n, r, inf, aa, rw), c) in enumerate(zip(cols, cost_rows))
+    ]
     bulk_insert(s, "results", RESULT_COLUMNS, rows)
 
 
@@ -569,21 +599,49 @@ def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
     return s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run_pk))
 
 
-def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted) -> None:
+def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
     s.add(plan)
     s.flush()
-    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted)
+    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
     mark_step(s, plan.run_pk, plan.step)
 
 
-def insert_plan_items(s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted) -> None:
+PlanCosts = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A plan's items' (expected tokens (NaN: none), max_new_tokens hint (0: none), raise_may_pass)."""
+PLAN_ITEM_COST_COLUMNS = ("expected_tokens", "max_new_tokens", "raise_may_pass")
+
+
+def insert_plan_items(
+    s: Session, plan_id: str, phase: int, first: int, ordinals, rollouts, predicted, costs: PlanCosts | None = None
+) -> None:
     cols = (np.asarray(ordinals).tolist(), np.asarray(rollouts).tolist(), np.asarray(predicted, dtype=float).tolist())
+    if costs is not None:
+        tok, hint, flag = costs
+        extra = [
+            (None if t != t else t, h or None, bool(f) if h else None)
+            for t, h, f in zip(np.asarray(tok, float).tolist(), np.asarray(hint).tolist(), np.asarray(flag).tolist())
+        ]
+        rows = [(plan_id, first + i, o, r, p, phase, *x) for i, ((o, r, p), x) in enumerate(zip(zip(*cols), extra))]
+        bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS + PLAN_ITEM_COST_COLUMNS, rows)
+        return
     if is_postgres(s):  # COPY text built in one pass (a plan has thousands of items)
         lines = [f"{plan_id}\t{first + i}\t{o}\t{r}\t{p!r}\t{phase}\n" for i, (o, r, p) in enumerate(zip(*cols))]
         copy_text(s, "plan_items", PLAN_ITEM_COLUMNS, "".join(lines))
         return
-    rows = [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))]
-    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, rows)
+    plain = [(plan_id, first + i, o, r, p, phase) for i, (o, r, p) in enumerate(zip(*cols))]
+    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, plain)
+
+
+def plan_item_costs(s: Session, plan_id: str) -> list[tuple[float | None, int | None, bool | None]]:
+    """The (expected tokens, max_new_tokens hint, raise_may_pass) of a plan's items, in order."""
+    return [
+        tuple(r)  # type: ignore[misc]
+        for r in s.execute(
+            select(PlanItem.expected_tokens, PlanItem.max_new_tokens, PlanItem.raise_may_pass)
+            .where(PlanItem.plan_id == plan_id, PlanItem.phase == 0)
+            .order_by(PlanItem.position)
+        ).all()
+    ]
 
 
 def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:

@@ -744,6 +744,12 @@ const RP = (() => {
       lineChart("chart-latency", steps, [
         { label: "compute ms", values: t.map(s => s.plan ? s.plan.compute_ms : null), color: "#ff8ab7" },
       ], { yLabel: "ms" });
+      // Tokens per step (empty for runs whose reports carry none).
+      lineChart("chart-tokens", steps, [
+        { label: "tokens", values: t.map(s => s.tokens) },
+        { label: "wasted (no signal)", values: t.map(s => s.wasted_tokens), color: "#ff725c" },
+        { label: "truncated completions", values: t.map(s => s.truncated), color: "#efb118", dash: [4, 3] },
+      ], { yLabel: "tokens", log: true });
 
       const h = hist.items;
       heatmap("heatmap", h.map(s => s.step), h.map(s => s.counts), hist.edges,
