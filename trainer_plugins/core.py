@@ -16,6 +16,9 @@
 - sends reports from a background queue (:meth:`report`, :meth:`flush` at the end of
   training); report ids are deterministic (``{reporter}-{step}-{chunk}``), so a resent
   report is counted once;
+- upserts prompt embeddings (:meth:`upsert_embeddings`, e.g. the policy's own, see
+  :func:`projection` / :func:`round_significant`) from the same queue and spool, so the
+  service's text prior sees them; an update replaces a prompt's embedding;
 - forwards the trainer's own eval metrics (:meth:`log_metrics`, ``POST .../metrics``) from
   the same queue and spool as the reports, and keeps Rollplan's figures of the latest
   reported step (:meth:`figures`: effective ratio, wasted rollouts, domain shares, plan
@@ -49,7 +52,15 @@ from urllib.parse import quote
 
 from rollplan.client import Client, RollplanError, RollplanUnavailable
 
-__all__ = ["LocalPlan", "PromptIds", "RollplanScheduler", "default_spool_dir", "shared_scheduler"]
+__all__ = [
+    "LocalPlan",
+    "PromptIds",
+    "RollplanScheduler",
+    "default_spool_dir",
+    "projection",
+    "round_significant",
+    "shared_scheduler",
+]
 
 logger = logging.getLogger("rollplan.plugins")
 
@@ -87,6 +98,30 @@ def default_spool_dir() -> Path:
         return Path(os.environ["ROLLPLAN_SPOOL_DIR"])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "rollplan" / "spool"
+
+
+EMBEDDING_SEED = 20240  # the random projection's seed: fixed, so every process and run agrees
+EMBEDDINGS_PER_REQUEST = 512
+
+
+def projection(hidden: int, dim: int, seed: int = EMBEDDING_SEED) -> Any:
+    """The fixed random projection of ``hidden``-wide vectors to ``dim`` dimensions: a
+    ``(hidden, dim)`` numpy array of standard Gaussians / sqrt(dim) drawn from ``seed`` and
+    the two sizes (the same matrix in every process, rank and run), or None when
+    ``hidden <= dim`` (vectors are sent as they are)."""
+    import numpy as np
+
+    if dim < 1:
+        raise ValueError(f"the embedding dimension must be at least 1: {dim}")
+    if hidden <= dim:
+        return None
+    rng = np.random.default_rng([seed, hidden, dim])
+    return rng.standard_normal((hidden, dim)) / math.sqrt(dim)
+
+
+def round_significant(values: Iterable[float], digits: int = 4) -> list[float]:
+    """``values`` rounded to ``digits`` significant digits (short JSON; non-finite -> 0)."""
+    return [float(f"{v:.{digits}g}") if math.isfinite(v) else 0.0 for v in map(float, values)]
 
 
 _SHARED: dict[str, RollplanScheduler] = {}
@@ -558,6 +593,21 @@ class RollplanScheduler:
                 out[FIGURE_PREFIX + "plan_latency_ms"] = self._plan_ms
             return out
 
+    def upsert_embeddings(self, embeddings: Mapping[str, Sequence[float]], digits: int = 4) -> int:
+        """Queue a prompt upsert of each ``prompt_id -> vector`` (only the ``embedding``
+        field: the prompts' other fields stay as they are; a new vector replaces the old),
+        rounded to ``digits`` significant digits, in requests of at most 512 prompts; sent,
+        spooled and replayed like reports. Ids not in the dataset are left out. Does not
+        block on the network; returns how many embeddings were queued."""
+        items = [
+            {"id": str(pid), "embedding": round_significant(vec, digits)}
+            for pid, vec in embeddings.items()
+            if str(pid) in self.ids and len(vec)
+        ]
+        for start in range(0, len(items), EMBEDDINGS_PER_REQUEST):
+            self._queue.put({"kind": "prompts", "items": items[start : start + EMBEDDINGS_PER_REQUEST]})
+        return len(items)
+
     def log_metrics(self, step: int, values: Mapping[str, Any]) -> int:
         """Queue the trainer's eval metrics of ``step`` for ``POST .../metrics`` (sent,
         spooled and replayed like reports). Only finite numbers are kept, names made
@@ -593,9 +643,17 @@ class RollplanScheduler:
                 return True
             self._came_back()
             return True
-        what = f"metrics of step {rep['step']}" if rep.get("kind") == "metrics" else f"report {rep.get('report_id')}"
+        kind = rep.get("kind")
+        if kind == "metrics":
+            what = f"metrics of step {rep['step']}"
+        elif kind == "prompts":
+            what = f"embeddings of {len(rep['items'])} prompts"
+        else:
+            what = f"report {rep.get('report_id')}"
         try:
-            if rep.get("kind") == "metrics":
+            if kind == "prompts":
+                self._api().upsert_prompts(self.run_id, rep["items"], progress=False)
+            elif kind == "metrics":
                 self._api().log_metrics(self.run_id, rep["step"], rep["values"])
             else:
                 self._api().report(
@@ -612,7 +670,9 @@ class RollplanScheduler:
             self.stats.reports_dropped += 1
             logger.warning("Rollplan refused %s (%s); dropped.", what, exc)
             return True
-        if rep.get("kind") == "metrics":
+        if kind == "prompts":
+            self.stats.extra["embeddings_sent"] = self.stats.extra.get("embeddings_sent", 0) + len(rep["items"])
+        elif kind == "metrics":
             self.stats.extra["metrics_sent"] = self.stats.extra.get("metrics_sent", 0) + 1
         elif from_spool:
             self.stats.reports_replayed += 1
