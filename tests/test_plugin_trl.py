@@ -365,3 +365,123 @@ def test_eval_metrics_reach_the_run_and_rollplan_figures_reach_the_logs(server_f
     assert all("rollplan/effective_ratio" in lg for lg in handed) and len(handed) == 3
     assert not any(k.startswith("rollplan/") for lg in seen.logs if "eval_runtime" in lg for k in lg)
     trainer.rollplan.close()
+
+
+EMBED_DIM = 8  # the tiny model is 32 wide: the plugin really projects
+
+
+def _embedding_by_hand(model, text, dim=EMBED_DIM):
+    """The policy embedding computed here, apart from the plugin: GPT-2's last hidden state
+    (dropout off) averaged over the prompt's tokens, times the fixed projection."""
+    import torch
+
+    from rollplan.plugins.core import projection
+
+    was_training = model.training
+    model.eval()
+    ids = tiny_tokenizer()(text)["input_ids"]
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids], device=model.device), output_hidden_states=True).hidden_states[-1]
+    model.train(was_training)
+    return hidden[0].mean(dim=0).double().cpu().numpy() @ projection(32, dim)
+
+
+def _stored_embeddings(url, run_id):
+    with Client(url) as rp:
+        return {f"arith/{i}": rp.get_prompt(run_id, f"arith/{i}")["embedding"] for i in range(N_PROMPTS)}
+
+
+def _close(stored, want):
+    import numpy as np
+
+    return stored is not None and len(stored) == len(want) and np.allclose(stored, want, rtol=2e-3, atol=1e-6)
+
+
+def test_policy_embeddings_sent_when_first_planned_and_refreshed(server_factory, tmp_path):
+    """``rollplan_embeddings=True``: each prompt gets its policy embedding (projected to
+    ``rollplan_embedding_dim``) when it is first planned, computed with the policy of that
+    step; every ``rollplan_embedding_refresh_every`` steps a sample of the dataset (here all
+    of it) is embedded again with the trained policy, replacing the old vectors."""
+    import numpy as np
+    from transformers import TrainerCallback
+
+    from datasets import Dataset
+
+    srv = server_factory().start()
+    # prompts of 6 to 8 tokens: batched embeddings are padded, and the pads must not count
+    texts = {f"arith/{i}": t + " yes" * (i % 3) for i, t in enumerate(prompt_texts(N_PROMPTS))}
+    ds = Dataset.from_dict({"prompt": list(texts.values()), "prompt_id": list(texts)})
+    initial_model = tiny_model(tiny_tokenizer())  # the trainer's model before training (same seed)
+    initial = {pid: _embedding_by_hand(initial_model, t) for pid, t in texts.items()}
+    seen: dict[str, object] = {}
+
+    class BeforeStep2(TrainerCallback):
+        """At the start of global step 2 (before its generation and refresh): what the service
+        holds then, and the embeddings of the policy the refresh will use."""
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step != 2:
+                return
+            assert trainer.rollplan.flush(timeout=60) == 0
+            seen["stored"] = _stored_embeddings(srv.url, "trl-embed")
+            seen["policy"] = {pid: _embedding_by_hand(trainer.model, t) for pid, t in texts.items()}
+            seen["plugin"] = dict(zip(texts, trainer.rollplan_embed(list(texts.values()))))
+            seen["params"] = [p.detach().clone() for p in trainer.model.parameters()]
+
+    rec = Recorder()
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=3, run_id="trl-embed", callbacks=[BeforeStep2()],
+                       train_dataset=ds,
+                       rollplan_embeddings=True, rollplan_embedding_dim=EMBED_DIM,
+                       rollplan_embedding_refresh_every=2, rollplan_embedding_refresh_sample=N_PROMPTS)
+    trainer.train()
+    assert trainer.rollplan.flush(timeout=60) == 0
+    planned = {}  # prompt id -> first step planned
+    for call in sorted(rec.calls, key=lambda c: c["step"][0]):
+        for pid in call["ids"]:
+            planned.setdefault(pid, call["step"][0])
+    assert sorted(set(planned.values())) == [0, 1, 2]
+
+    # Before the refresh: exactly the prompts planned at steps 0 and 1 carry an embedding of
+    # the projected dimension; those of step 0 are the untrained policy's.
+    stored = seen["stored"]
+    for pid, vec in stored.items():
+        if planned.get(pid, 9) <= 1:
+            assert vec is not None and len(vec) == EMBED_DIM, (pid, vec)
+            assert all(v == float(f"{v:.4g}") for v in vec)  # rounded to 4 significant digits
+        else:
+            assert vec is None, pid
+        if planned.get(pid) == 0:
+            assert _close(vec, initial[pid]), (pid, vec, initial[pid])
+    # the plugin's embedding is the one computed by hand, and the policy did train
+    for pid in texts:
+        assert _close(seen["plugin"][pid], seen["policy"][pid])
+    assert any(not torch_equal(a, b) for a, b in zip(seen["params"], initial_model.parameters()))
+
+    # After the refresh at step 2: every prompt (planned or not) holds the step-2 policy's
+    # embedding, which differs from the untrained policy's.
+    after = _stored_embeddings(srv.url, "trl-embed")
+    for pid in texts:
+        assert _close(after[pid], seen["policy"][pid]), (pid, after[pid], seen["policy"][pid])
+        assert not np.allclose(after[pid], initial[pid], rtol=1e-2, atol=1e-4), pid
+    extra = trainer.rollplan.stats.extra
+    n_first = len({p for p, s in planned.items() if s <= 1})
+    assert extra["embeddings_sent"] == extra["embeddings_computed"] == n_first + N_PROMPTS
+    assert trainer.model.training  # the mode is restored after each embedding pass
+    trainer.rollplan.close()
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a.detach().cpu(), b.detach().cpu())
+
+
+def test_no_embeddings_sent_by_default(server_factory, tmp_path):
+    srv = server_factory().start()
+    trainer = _trainer(tmp_path, srv.url, Recorder(), max_steps=2, run_id="trl-no-embed")
+    trainer.train()
+    assert trainer.rollplan.flush(timeout=60) == 0
+    assert all(v is None for v in _stored_embeddings(srv.url, "trl-no-embed").values())
+    assert "embeddings_sent" not in trainer.rollplan.stats.extra
+    assert "embeddings_computed" not in trainer.rollplan.stats.extra
+    trainer.rollplan.close()

@@ -67,6 +67,23 @@ are sent to the run (``POST .../metrics``) at the trainer's global step, where t
 dashboard draws them against the run's rollouts. The run's page is
 ``trainer.rollplan.run_url`` (logged at attach; put in the W&B run's config when W&B is on).
 
+Policy embeddings (``rollplan_embeddings=True``; off by default): the service's ``default``
+strategy uses prompt embeddings as the prior of never-seen prompts. When a prompt is first
+planned (at the start of the generation batch of its step, with the policy of that step)
+the plugin computes its embedding: the last hidden state of the policy over the prompt's
+tokens (TRL's own tokenization, chat template included; at most 1024 tokens), mean-pooled
+over the attention mask, under ``torch.no_grad()`` with the model in eval mode (dropout off;
+its mode restored after), reduced to ``rollplan_embedding_dim`` (default 256) dimensions by
+a fixed random Gaussian projection (seeded by a constant and the sizes: the same in every
+process and run; a hidden size ≤ the dimension is sent as it is), rounded to 4 significant
+digits, and queued as a prompt upsert with only ``embedding`` (the background report
+thread sends it, in requests of ≤ 512 prompts; spooled while the service is down). With
+``rollplan_embedding_refresh_every=K`` > 0, every K Rollplan steps a seeded sample of
+``rollplan_embedding_refresh_sample`` prompts of the dataset (default 256; the same on every
+rank) is embedded again with the current policy, replacing their embeddings. Only the main
+process sends; it alone computes them, except with ZeRO-3 or FSDP, where every rank runs the
+same forwards (the sharded model needs all of them). Text prompts only (no environments).
+
 Async GRPO (TRL's ``AsyncGRPOTrainer`` comes after 1.16): a report's ``step`` is the plan's
 step (= the generation index whose policy produced the rollouts), never the step at which
 the rewards arrive; the service measures staleness from the log.
@@ -75,10 +92,11 @@ the rewards arrive; the service measures staleness from the log.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import LocalPlan, PromptIds, RollplanScheduler
+from .core import LocalPlan, PromptIds, RollplanScheduler, projection
 from .embedded import EmbeddedServer, resolve_url, start_embedded
 
 __all__ = ["RollplanGRPOTrainer", "RollplanSampler", "StepTaggedDataset"]
@@ -96,6 +114,9 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 STEP_KEY = "rollplan_step"
 ID_KEY = "rollplan_prompt_id"
 COPY_KEY = "rollplan_copy"
+EMBED_MAX_TOKENS = 1024  # a prompt's tokens the embedding reads (the first ones)
+EMBED_BATCH = 16  # prompts per no-grad forward
+MAX_EMBEDDING_DIM = 4096  # the service's bound
 
 
 def _broadcast_from_main(obj: Any) -> Any:
@@ -210,6 +231,11 @@ class RollplanGRPOTrainer(_GRPOTrainer):
     - ``rollplan_mask_to_plan`` / ``rollplan_min_rollouts`` / ``rollplan_rollout_budget``
       (total rollouts per generation batch the plan spreads, default prompts x
       ``num_generations``): see the module notes.
+    - ``rollplan_embeddings`` (default False): send each prompt's policy embedding when it
+      is first planned; ``rollplan_embedding_dim`` (default 256) its dimension;
+      ``rollplan_embedding_refresh_every`` (default 0: never) re-embed, every that many
+      Rollplan steps, ``rollplan_embedding_refresh_sample`` (default 256) prompts of the
+      dataset with the current policy: see the module notes.
     - ``rollplan_options``: more :class:`~rollplan.plugins.core.RollplanScheduler`
       arguments (``spool_dir``, ``max_retries``, ``metadata``, ``prompts`` ...).
     """
@@ -233,6 +259,10 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rollplan_generate_planned_only: bool = True,
         rollplan_min_rollouts: int = 2,
         rollplan_rollout_budget: int | None = None,
+        rollplan_embeddings: bool = False,
+        rollplan_embedding_dim: int = 256,
+        rollplan_embedding_refresh_every: int = 0,
+        rollplan_embedding_refresh_sample: int = 256,
         rollplan_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -249,6 +279,19 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         self.rollplan_mask_to_plan = rollplan_mask_to_plan
         self.rollplan_generate_planned_only = rollplan_generate_planned_only
         self.rollplan_rollout_budget = rollplan_rollout_budget
+        if not 1 <= rollplan_embedding_dim <= MAX_EMBEDDING_DIM:
+            raise ValueError(f"rollplan_embedding_dim must be 1-{MAX_EMBEDDING_DIM}: {rollplan_embedding_dim}")
+        if rollplan_embedding_refresh_every < 0 or rollplan_embedding_refresh_sample < 1:
+            raise ValueError("rollplan_embedding_refresh_every must be >= 0 and rollplan_embedding_refresh_sample >= 1")
+        if rollplan_embeddings and getattr(self, "environment_factories", None) is not None:
+            raise ValueError("rollplan_embeddings needs text prompts (not environment_factory)")
+        self.rollplan_embeddings = rollplan_embeddings
+        self.rollplan_embedding_dim = rollplan_embedding_dim
+        self.rollplan_embedding_refresh_every = rollplan_embedding_refresh_every
+        self.rollplan_embedding_refresh_sample = rollplan_embedding_refresh_sample
+        self._rollplan_embedded: set[str] = set()  # prompts embedded (identical on every rank)
+        self._rollplan_refreshed: set[int] = set()  # steps whose refresh ran
+        self._rollplan_projections: dict[int, Any] = {}
         acc = self.accelerator
         many = acc.num_processes > 1
         # No URL: the main process starts an embedded server in the output directory and
@@ -360,6 +403,11 @@ class RollplanGRPOTrainer(_GRPOTrainer):
 
     # -- generation: only the planned completions -----------------------------------
     def _generate_and_score_completions(self, inputs):
+        if self.rollplan_embeddings and self.model.training and inputs and int(inputs[0].get(STEP_KEY, -1)) >= 0:
+            try:
+                self._rollplan_send_embeddings(int(inputs[0][STEP_KEY]))
+            except Exception:  # noqa: BLE001 - the scheduler never crashes training
+                logger.exception("Rollplan: could not compute or queue the prompt embeddings")
         if (
             self.rollplan_mask_to_plan
             and self.rollplan_generate_planned_only
@@ -384,10 +432,99 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             return False
         if images is not None or multimodal_fields:
             return False
+        return not self._rollplan_sharded()
+
+    def _rollplan_sharded(self) -> bool:
+        """ZeRO-3 or FSDP: every rank must take part in every forward."""
         ds = getattr(self.accelerator.state, "deepspeed_plugin", None)
         if ds is not None and getattr(ds, "zero_stage", 0) == 3:
-            return False
-        return getattr(self.accelerator.state, "fsdp_plugin", None) is None
+            return True
+        return getattr(self.accelerator.state, "fsdp_plugin", None) is not None
+
+    # -- policy embeddings --------------------------------------------------------------
+    def _rollplan_send_embeddings(self, step: int) -> int:
+        """Embed the prompts of ``step``'s plan not embedded yet, and at a refresh step a
+        seeded sample of the dataset, with the current policy; the main process queues them.
+        Returns how many were embedded. The choice is the same on every rank (same plans)."""
+        sampler = self._rollplan_sampler
+        plan = sampler.plans.get(step) if sampler is not None else None
+        todo = (
+            []
+            if plan is None
+            else [i for i, pid in zip(plan.indices, plan.prompt_ids) if pid not in self._rollplan_embedded]
+        )
+        every = self.rollplan_embedding_refresh_every
+        if every > 0 and step > 0 and step % every == 0 and step not in self._rollplan_refreshed:
+            self._rollplan_refreshed.add(step)
+            n = len(self.rollplan.ids)
+            rng = random.Random(f"{self.args.seed}-{step}-embeddings")
+            chosen = set(todo)
+            todo += [i for i in rng.sample(range(n), min(self.rollplan_embedding_refresh_sample, n)) if i not in chosen]
+        if not todo:
+            return 0
+        ids = [self.rollplan.ids.id(i) for i in todo]
+        self._rollplan_embedded.update(ids)
+        main = self.accelerator.is_main_process
+        if not (main or self._rollplan_sharded()):
+            return 0
+        dataset: Any = self.train_dataset  # map-style (checked in __init__)
+        vectors = self.rollplan_embed([dataset[i]["prompt"] for i in todo])
+        if main:
+            self.rollplan.upsert_embeddings(dict(zip(ids, vectors, strict=True)))
+            stats = self.rollplan.stats.extra
+            stats["embeddings_computed"] = stats.get("embeddings_computed", 0) + len(ids)
+        return len(ids)
+
+    def rollplan_embed(self, prompts: list[Any]) -> list[list[float]]:
+        """The policy embeddings of ``prompts`` (as the dataset's ``prompt`` column holds them):
+        the last hidden state, mean-pooled over each prompt's tokens, projected to
+        ``rollplan_embedding_dim`` dimensions (unrounded). No gradient; the model's mode is
+        restored."""
+        import torch
+
+        model = self.accelerator.unwrap_model(self.model)
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        pad = 0 if pad is None else int(pad)
+        device = next(model.parameters()).device
+        pooled: list[Any] = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(prompts), EMBED_BATCH):
+                    ids = [
+                        list(x)[:EMBED_MAX_TOKENS]
+                        for x in self._tokenize_prompts(prompts[start : start + EMBED_BATCH])[0]
+                    ]
+                    width = max(1, max(len(x) for x in ids))
+                    # Right padding: under causal attention the prompt's tokens never see the pads.
+                    input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+                    mask = torch.zeros((len(ids), width), dtype=torch.long)
+                    for k, x in enumerate(ids):
+                        input_ids[k, : len(x)] = torch.tensor(x, dtype=torch.long)
+                        mask[k, : len(x)] = 1
+                    out = model(
+                        input_ids=input_ids.to(device),
+                        attention_mask=mask.to(device),
+                        output_hidden_states=True,
+                        use_cache=False,
+                    )
+                    hidden = out.hidden_states[-1].float()
+                    m = mask.to(hidden.device).unsqueeze(-1).float()
+                    pooled.extend((hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0))
+        finally:
+            model.train(was_training)
+        if not pooled:
+            return []
+        matrix = torch.stack(pooled).cpu().double().numpy()
+        hidden_size = matrix.shape[1]
+        if hidden_size not in self._rollplan_projections:
+            self._rollplan_projections[hidden_size] = projection(hidden_size, self.rollplan_embedding_dim)
+        proj = self._rollplan_projections[hidden_size]
+        if proj is not None:
+            matrix = matrix @ proj
+        return [[float(v) for v in row] for row in matrix]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         keep = self._rollplan_keep
