@@ -417,3 +417,43 @@ def test_a_token_plan_is_taken_as_it_is_and_unused_hints_are_counted(tmp_path):
     rollout_plan = Plan("q", 1, "default", 3, 6, items[:1])
     assert len(s._localise(1, rollout_plan, 3).prompt_ids) == 3  # a rollout plan is still filled
     s.close(timeout=5)
+
+
+def test_projection_is_fixed_and_values_are_rounded():
+    import numpy as np
+
+    from rollplan.plugins.core import projection, round_significant
+
+    p = projection(32, 8)
+    assert p.shape == (32, 8) and np.array_equal(p, projection(32, 8))
+    assert 0.2 < p.std() < 0.5  # standard Gaussians / sqrt(8)
+    assert not np.array_equal(p, projection(33, 8)[:32])  # the sizes seed it too
+    assert projection(8, 8) is None and projection(4, 8) is None  # narrow vectors go as they are
+    code = "from rollplan.plugins.core import projection; print(repr(float(projection(32, 8).sum())))"
+    other = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert float(other) == float(p.sum())  # the same matrix in another process
+    assert round_significant([1.234567, -0.000123456, 12345.6, float("nan")]) == [1.235, -0.0001235, 12350.0, 0.0]
+
+
+def test_embeddings_upsert_only_the_embedding_and_survive_an_outage(server_factory, tmp_path):
+    srv = server_factory().start()
+    s = _sched(srv.url, tmp_path, prefetch=False, prompts=[{"domain": "d", "text": f"t{i}"} for i in range(20)])
+    assert s.attach()
+    assert s.upsert_embeddings({IDS[0]: [0.123456, 2.0], IDS[1]: [1, 2], "not/ours": [3.0, 4.0]}) == 2
+    assert s.flush(timeout=30) == 0
+    with Client(srv.url) as rp:
+        p = rp.get_prompt("core-run", IDS[0])
+        assert p["embedding"] == [0.1235, 2.0] and p["domain"] == "d" and p["text"] == "t0"
+        assert rp.get_prompt("core-run", IDS[2])["embedding"] is None
+    assert s.stats.extra["embeddings_sent"] == 2
+    srv.kill()
+    s.upsert_embeddings({IDS[0]: [5.0, 6.0]})  # a refresh while the service is down: spooled
+    assert s.flush(timeout=30) == 1
+    srv.start()
+    assert s.plan(0, 4).source == "service"
+    assert s.flush(timeout=30) == 0
+    with Client(srv.url) as rp:
+        p = rp.get_prompt("core-run", IDS[0])
+        assert p["embedding"] == [5.0, 6.0] and p["domain"] == "d"  # replaced; the rest kept
+        assert rp.get_prompt("core-run", IDS[1])["embedding"] == [1.0, 2.0]
+    s.close()
