@@ -4,7 +4,8 @@ on a machine without a GPU, MULTI_CPU with the gloo backend) against a live Roll
 The rank script is tests/trl_ranks.py. Checked: both ranks train on the planned prompts of
 every step (together: each planned prompt ``num_generations`` times), every group is stored
 exactly once (only the main process reports), an outage seen by one rank does not split
-the ranks (the main process plans and broadcasts), and a SIGKILL of the service mid-run
+the ranks (the main process plans and broadcasts), policy embeddings are computed and sent
+by the main process alone, and a SIGKILL of the service mid-run
 loses no report.
 """
 
@@ -111,7 +112,7 @@ def test_two_ranks_train_on_the_plan_generate_only_it_and_report_each_group_once
     srv = server_factory().start()
     out, steps, g = tmp_path / "ranks", 3, 4
     finish(launch(out, "--url", srv.url, "--url-rank1", "http://127.0.0.1:9", "--run", "ranks",
-                  "--steps", str(steps), "--g", str(g), "--mask-budget", "5"), out)
+                  "--steps", str(steps), "--g", str(g), "--mask-budget", "5", "--embeddings"), out)
     calls, stats = ranks(out)
     assert [s["global_step"] for s in stats] == [steps, steps]
     assert stats[0]["service_plans"] >= steps and stats[0]["fallback_plans"] == 0
@@ -138,6 +139,12 @@ def test_two_ranks_train_on_the_plan_generate_only_it_and_report_each_group_once
         run = rp.get_run("ranks")
         assert run.stats["results"] == steps * B  # each group once
         assert run.stats["rollouts"] == steps * 5
+        # policy embeddings: the main process alone computes and sends them (not sharded): the
+        # prompts of steps 0-1 when first planned, then all 12 at the refresh of step 2
+        first = {pid for step in (0, 1) for pid in by_step[step][0] + by_step[step][1]}
+        assert stats[0]["embeddings_computed"] == stats[0]["embeddings_sent"] == len(first) + 12
+        assert "embeddings_computed" not in stats[1] and "embeddings_sent" not in stats[1]
+        assert all(len(rp.get_prompt("ranks", f"arith/{i}")["embedding"]) == 8 for i in range(12))
 
 
 def test_service_killed_mid_run_two_ranks_agree_and_lose_no_report(server_factory, tmp_path):

@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--g", type=int, default=2)
     ap.add_argument("--pause-at", default="")
     ap.add_argument("--mask-budget", type=int, default=0)
+    ap.add_argument("--embeddings", action="store_true", help="policy embeddings: 8 dims, all refreshed at step 2")
     opts = ap.parse_args()
 
     from datasets import Dataset
@@ -87,6 +88,9 @@ def main() -> None:
     extra = {}
     if opts.mask_budget:
         extra = {"rollplan_mask_to_plan": True, "rollplan_min_rollouts": 1, "rollplan_rollout_budget": opts.mask_budget}
+    if opts.embeddings:
+        extra.update(rollplan_embeddings=True, rollplan_embedding_dim=8, rollplan_embedding_refresh_every=2,
+                     rollplan_embedding_refresh_sample=n)
     trainer = RollplanGRPOTrainer(
         model=tiny_model(tok), reward_funcs=[recorder], args=args, train_dataset=ds, processing_class=tok,
         rollplan_run_id=opts.run, rollplan_url=url,

@@ -469,10 +469,10 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             return 0
         dataset: Any = self.train_dataset  # map-style (checked in __init__)
         vectors = self.rollplan_embed([dataset[i]["prompt"] for i in todo])
+        stats = self.rollplan.stats.extra
+        stats["embeddings_computed"] = stats.get("embeddings_computed", 0) + len(ids)
         if main:
             self.rollplan.upsert_embeddings(dict(zip(ids, vectors, strict=True)))
-            stats = self.rollplan.stats.extra
-            stats["embeddings_computed"] = stats.get("embeddings_computed", 0) + len(ids)
         return len(ids)
 
     def rollplan_embed(self, prompts: list[Any]) -> list[list[float]]:
