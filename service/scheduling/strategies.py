@@ -781,6 +781,14 @@ class DefaultParams(FrontierParams):
         8.0, ge=0.0, le=1e6, description="Groups of a prompt before re-use is discounted (default 8)."
     )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
+    latent_hazard: float = Field(
+        0.002,
+        ge=0.0,
+        le=1.0,
+        description="Per step since a prompt's last group, how much of its stuck/solved evidence fades back "
+        "toward its domain's prior (default 0.002: halved after about 350 steps unseen). 'Stuck' is relative "
+        "to the policy of the time: a prompt written off early is reconsidered as the policy changes.",
+    )
     text_prior: bool = Field(
         True,
         description="What prompts' text and embeddings tell, as the prior of never-seen prompts (default on; "
@@ -798,7 +806,7 @@ class Default(Frontier[DefaultParams]):
     description = (
         "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
-        "stuck/solved latent classes per prompt, an EM-estimated spread of difficulties per domain, a "
+        "stuck/solved latent classes per prompt whose evidence fades back toward the prior as the policy moves on, an EM-estimated spread of difficulties per domain, a "
         "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
         "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), and "
         "diminishing returns of re-use once a prompt has had more than 8 groups."
