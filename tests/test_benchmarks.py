@@ -147,7 +147,15 @@ def test_learner_calibration_references():
     assert res["brier_beta"] == pytest.approx((0.25 + 0.25 + 0.0) / 3)  # unseen prompt 1: 0.5
     assert res["brier_domain"] == pytest.approx((0.25 + 0.25 + 0.25) / 3)  # level 1's mean was 1.0
     assert c.seen().tolist() == [True, True, True] and c.n[0] == 8
-    assert sim.Calibration(2, 2).result() == {"brier": None, "brier_beta": None, "brier_domain": None}
+    # Never-seen prompts' first groups (0 and 2, then 1): the prediction against the level's mean.
+    assert res["first_groups"] == 3
+    assert res["brier_first"] == pytest.approx((0.25 + 0.25 + 0.0) / 3)
+    assert res["brier_first_domain"] == pytest.approx((0.25 + 0.25 + 0.25) / 3)
+    assert res["spearman_first"] is None  # no exact pass rates given
+    empty = sim.Calibration(2, 2).result()
+    assert {k: empty[k] for k in ("brier", "brier_beta", "brier_domain", "brier_first")} == dict.fromkeys(
+        ("brier", "brier_beta", "brier_domain", "brier_first")
+    )
 
 
 def test_cli_knows_the_benchmarks():

@@ -38,7 +38,7 @@ def _rows(client, run_id: str):
             for p in s.scalars(select(Prompt).where(Prompt.run_pk == pk).order_by(Prompt.ordinal))
         ]
         events = [
-            (e.seq, e.ordinal, e.created, e.domain, e.prior_pass_rate, e.prior_strength)
+            (e.seq, e.ordinal, e.created, e.domain, e.prior_pass_rate, e.prior_strength, e.text, e.embedding)
             for e in s.scalars(select(PromptEvent).where(PromptEvent.run_pk == pk).order_by(PromptEvent.seq, PromptEvent.ordinal))
         ]
     return prompts, events
@@ -92,7 +92,7 @@ def test_bulk_upsert_stores_exactly_and_folds_like_the_model_path(make_client):
     update = [
         {"id": "a/1", "prior_pass_rate": 0.75},  # keeps its domain, text, tags
         {"id": "a/3", "domain": "moved"},
-        {"id": "p7", "text": "only text: no scheduling event"},
+        {"id": "p7", "text": "only text: an event too (the text prior reads it)"},
         {"id": "p8", "domain": None},
         {"id": "new/1", "tags": ["late"]},
     ]
@@ -110,10 +110,13 @@ def test_bulk_upsert_stores_exactly_and_folds_like_the_model_path(make_client):
     assert by_id["a/1"][2] == "back\\slash" and by_id["a/1"][4] == 0.75 and by_id["a/1"][6] == AWKWARD[0]["text"]
     assert by_id["a/3"][2] == "moved" and by_id["p8"][2] is None and by_id["p7"][6].startswith("only")
     assert {p[8] for p in rows if p[1] in ("a/1", "a/3", "p7", "p8", "new/1")} == {2}
-    # The second upsert's event: the three scheduling updates (stored fields) and the new prompt, by ordinal.
+    # The second upsert's event: the four scheduling updates (stored fields; text is one since the
+    # text prior reads it) and the new prompt, by ordinal.
     second = [e for e in events if e[0] == max(e[0] for e in events)]
-    assert [(e[1], e[2], e[3], e[4]) for e in second] == [
-        (0, False, "back\\slash", 0.75), (2, False, "moved", None), (12, False, None, None), (54, True, None, None),
+    assert [(e[1], e[2], e[3], e[4], e[6]) for e in second] == [
+        (0, False, "back\\slash", 0.75, AWKWARD[0]["text"]), (2, False, "moved", None, ""),
+        (11, False, "d1", None, "only text: an event too (the text prior reads it)"), (12, False, None, None, None),
+        (54, True, None, None, None),
     ]  # fmt: skip
     live = _state(c, "route")
     assert live == _state(c, "model")
