@@ -628,10 +628,10 @@ def test_strategy_state_and_estimates_exposed(client, strategy, run_key, prompt_
     if strategy == "dps":
         seen = [x for x in p if x["rollouts"]]
         assert all(x["strategy_estimates"]["p_partially_solved"] > 0.4 for x in seen)
-    if strategy == "default":  # mixed groups only: no prompt can be stuck or solved
+    if strategy == "default":  # mixed groups only: no prompt can be stuck or solved (but for the hazard's
+        # relaxation toward the prior over the steps since: latent_hazard 0.002, at most 3 steps here)
         seen = [x for x in p if x["rollouts"]]
-        assert seen and all(x["strategy_estimates"]["p_stuck"] == 0 == x["strategy_estimates"]["p_solved"]
-                            for x in seen)
+        assert seen and all(0 <= x["strategy_estimates"][k] < 0.002 for x in seen for k in ("p_stuck", "p_solved"))
         assert "prior_p_stuck" in run["strategy_state"]
 
 

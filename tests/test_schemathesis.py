@@ -71,6 +71,8 @@ UNSTATEABLE = [
     (413, r"^rollout_budget: \d+ exceeds the limit", "default budget: batch_size × the run's rollouts_per_prompt"),
     (413, r"allocation cells exceed the limit", "batch_size × the run's (max_rollouts − min_rollouts)"),
     (422, r"a different value for .* at step \d+ in metrics\[\d+\]", "(name, step) unique across a request's entries"),
+    (422, r"^token_budget: token_budget \d+ is below the expected cost", "the budget against the run's expected costs"),
+    (422, r"Value error, (tokens|truncated): \d+ values for \d+ rewards", "one per reward: a length between two arrays"),
 ]
 
 

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
     StringConstraints,
     TypeAdapter,
     model_validator,
@@ -327,7 +327,15 @@ class ExtendOut(BaseModel):
 
 
 # -- results ----------------------------------------------------------------------
-CompletionTokens = Annotated[StrictInt, Field(ge=0, le=MAX_COMPLETION_TOKENS)]
+def _whole_number(v: object) -> object:
+    if isinstance(v, (str, bool)):
+        raise ValueError("must be a whole number")
+    return v
+
+
+# Not StrictInt: JSON Schema's integer admits 3.0, so the service must too; 3.5, "3" and
+# true are still a 422.
+CompletionTokens = Annotated[int, Field(ge=0, le=MAX_COMPLETION_TOKENS), BeforeValidator(_whole_number)]
 
 
 class GroupIn(Strict):
