@@ -18,22 +18,15 @@ import httpx
 import pytest
 from conftest import ServerProcess
 from sim import simulate
-from test_dashboard_browser import (
-    MISSING,
-    REQUIRE,
+from test_dashboard_browser import (  # noqa: F401  (the module's Chromium fixture and marks)
     api,
     assert_no_console_errors,
     attrs,
-    browser,  # noqa: F401  (the module's Chromium fixture)
+    browser,
     open_page,
+    pytestmark,
     series,
 )
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(MISSING is not None and not REQUIRE, reason=f"browser tests need Chromium: {MISSING}"),
-]
 
 RUNS = {  # run id -> (strategy, seed, setting, eval/accuracy at steps 1, 3, 5)
     "beta-s1": ("beta", 1, "beta", [0.2, 0.5, 0.8]),

@@ -31,17 +31,9 @@ COLUMNS = (
     "all_fail_groups", "last_group_mean", "last_step", "predicted_pass_rate",
 )  # fmt: skip
 Kind = Literal["broken", "solved", "noisy", "too_hard", "learned"]
-SORTS = (
-    "confidence",
-    "rollouts",
-    "last_step",
-    "groups",
-    "passes",
-    "predicted_pass_rate",
-    "prompt_id",
-    "domain",
-    "kind",
-)
+Sort = Literal[
+    "confidence", "rollouts", "last_step", "groups", "passes", "predicted_pass_rate", "prompt_id", "domain", "kind",
+]  # fmt: skip
 
 
 class Finding(BaseModel):
@@ -163,20 +155,7 @@ def data_quality(
             "whose evidence allows a kind (never or always passed; or 3+ groups with passes and fails).",
         ),
     ] = quality.DEFAULT_MIN_CONFIDENCE,
-    sort: Annotated[
-        Literal[
-            "confidence",
-            "rollouts",
-            "last_step",
-            "groups",
-            "passes",
-            "predicted_pass_rate",
-            "prompt_id",
-            "domain",
-            "kind",
-        ],
-        Query(),
-    ] = "confidence",
+    sort: Annotated[Sort, Query()] = "confidence",
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     format: Annotated[
         Literal["json", "csv", "jsonl"], Query(description="csv / jsonl: every finding, streamed.")
