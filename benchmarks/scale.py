@@ -17,7 +17,8 @@ Two parts, side by side in one run:
   starts), then ``--steps`` steps of plan (batch 1,024, storing the plan) and report
   (1,024 groups × 16 rewards). The server's RSS before registration, after it and at the
   end (``/proc``) gives MiB per million prompts; the plan p50 sits next to the floor
-  measured in the same run, one ``numpy.argpartition`` of the batch over the pool.
+  measured in the same run, one ``numpy.argpartition`` of the batch over the pool (the best of
+  25: a minimum, not a median, on a shared machine).
 
 ``--old PATH`` runs every server measurement a second time from another source tree (a
 ``git worktree`` of an earlier commit), alternating with this one, ``--rounds`` times:
@@ -142,7 +143,7 @@ def run_pool(url, pool: int, steps: int, strategy: str) -> dict:
     res["plan_s"] = plan_s
     res["plan_p50_s"] = statistics.median(plan_s)
     res["report_p50_s"] = statistics.median(report_s)
-    res["floor_s"] = argpartition_floor(pool, BATCH, 7)
+    res["floor_s"] = argpartition_floor(pool, BATCH)  # best of 25
     res["plan_p50_over_floor"] = res["plan_p50_s"] / res["floor_s"]
     grown = res["rss_end_mb"] - res["rss_start_mb"]
     res["rss_mb_per_million"] = grown * 1e6 / pool

@@ -193,6 +193,7 @@ class Ingest:
         self.store.advance(
             state, ReportEvent(seq, body.step, ordinals, lengths, sums, informative, abs_adv, cost_or_none(cost))
         )
+        self.store.warm(state)
         if self.store.on_state is not None:
             self.store.on_state(state, run)
         return schemas.ResultsAck(accepted=len(groups), duplicate=False)

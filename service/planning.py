@@ -94,7 +94,7 @@ def plan_out(state: RunState, plan: Plan, ordinals, rollouts, predicted, costs=N
         head["expected_tokens"] = float(np.nansum(tok)) if np.isfinite(tok).any() else None
     return PlanJSON(
         head,
-        [ids[o] for o in np.asarray(ordinals).tolist()],
+        ids.take(ordinals),
         np.asarray(rollouts).tolist(),
         np.asarray(predicted, dtype=np.float64),
         costs,

@@ -433,6 +433,25 @@ class RunState:
                 self._view = (self.seq, self._refresh_shadow())
             yield self._view[1]
 
+    def warm(self) -> bool:
+        """Bring the read view up to date now, off a plan's path (``StateStore.warm``, after a
+        report is folded), when the latest reported step looks complete: it has at least as
+        many reports pending as the step before it (a trainer with k reporters sends k a
+        step). The next plan then seals the step before and finds the view already holding
+        the rest (``_refresh_shadow``'s prefix path). Only a cache: the state is the same
+        whether or not this ran. Returns whether it did."""
+        with self.lock:
+            if not self.pending or self.on_step is not None:
+                return False
+            steps = [int(o.step[0]) for o in self.pending]  # one step per report held
+            last = max(steps)
+            before = steps.count(last - 1)
+            if before == 0 or steps.count(last) < before:
+                return False
+            if self._view is None or self._view[0] != self.seq:
+                self._view = (self.seq, self._refresh_shadow())
+            return True
+
     def _refresh_shadow(self) -> PoolState:
         """The shadow made equal to ``deepcopy(pool)`` with the pending groups sealed into
         it (and the predictor's inbox taken first): by applying only the per-step updates

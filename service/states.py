@@ -10,6 +10,8 @@ log. Either way the same reducer sees the same events in the same order.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +21,8 @@ from sqlalchemy.orm import Session
 from .runstate import Event, ReportEvent, RunState, StateCache, spec_key
 from .storage import repository as repo
 from .storage.models import Run
+
+log = logging.getLogger(__name__)
 
 
 def creation_spec(settings: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +45,10 @@ class StateStore:
         self._lock = threading.Lock()
         # Called with every state brought up to date (the predictor's hook).
         self.on_state: Callable[[RunState, Run], None] | None = None
+        # The background warmer of read views (``warm``): one daemon thread, started on use.
+        self._warm_queue: queue.SimpleQueue[RunState] = queue.SimpleQueue()
+        self._warm_queued: dict[int, RunState] = {}
+        self._warmer: threading.Thread | None = None
 
     def state(self, session: Session, run: Run, spec: dict[str, Any] | None = None) -> RunState:
         """The run's state under ``spec`` (default: the strategy in force for the next
@@ -74,6 +82,30 @@ class StateStore:
                 state.apply(event)
         if not isinstance(event, ReportEvent):  # reports only queue (bounded) until a seal
             self.cache.account((state.run_id, spec_key(state.spec)), state)
+
+    def warm(self, state: RunState) -> None:
+        """Ask the background warmer to bring ``state``'s read view up to date
+        (``RunState.warm``): after a report, so that the next plan does not fold it. At most
+        one request per state is queued; a plan that comes first does the work itself."""
+        with self._lock:
+            if id(state) in self._warm_queued:
+                return
+            self._warm_queued[id(state)] = state
+            if self._warmer is None or not self._warmer.is_alive():
+                self._warmer = threading.Thread(target=self._warm_loop, name="rollplan-warm", daemon=True)
+                self._warmer.start()
+        self._warm_queue.put(state)
+
+    def _warm_loop(self) -> None:
+        while True:
+            state = self._warm_queue.get()
+            with self._lock:
+                self._warm_queued.pop(id(state), None)
+            try:
+                if state.warm():
+                    self.settled(state)
+            except Exception:  # a cache only: the next read refreshes the view itself
+                log.exception("warming the read view of run %s failed", state.run_id)
 
     def forget(self, run_id: str) -> None:
         self.cache.drop_run(run_id)

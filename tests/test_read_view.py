@@ -246,3 +246,71 @@ def test_copy_into_is_deepcopy():
     assert out["c"][0] is not src["c"][0]
     src["b"][0] = 99.0
     assert out["b"][0] == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(strat.REGISTRY))
+def test_warming_after_reports_gives_the_same_views_and_spares_the_plan_the_fold(name, monkeypatch):
+    """``RunState.warm`` (the store's background warmer, after each report): it warms only when
+    the latest step has as many reports pending as the step before (k reporters: after the
+    k-th), the view it leaves is the definition's, the fold is the one that never warmed, and
+    a plan after a warmed single-report step finds the view current (no refresh, no update
+    left to apply)."""
+    run = _Run(name, 5)
+    run.prompts(300)
+    refreshes = []
+    real = rs._copy_into
+    monkeypatch.setattr(rs, "_copy_into", lambda *a: refreshes.append(1) or real(*a))
+    from rollplan.service.scheduling.pool import PoolState
+
+    observed = []
+    real_observe = PoolState.observe
+    monkeypatch.setattr(PoolState, "observe", lambda self, obs: observed.append(self) or real_observe(self, obs))
+    applied = []
+    for t in range(8):
+        run.step = t
+        before, shadow = len(refreshes), run.looked._shadow
+        observed.clear()
+        run.plan()
+        run.read()
+        if 2 <= t <= 5:
+            # The step before was one warmed report: the view needed nothing more.
+            assert len(refreshes) == before, f"step {t}: the plan refreshed the view"
+            assert run.looked._shadow is shadow and not any(p is shadow for p in observed), f"step {t}"
+        chunks = 1 if t < 5 else 2  # from step 5 on, two reporters a step
+        for c in range(chunks):
+            run.report(t, int(run.rng.integers(4, 40)))
+            warmed = run.looked.warm()
+            steps = [int(o.step[0]) for o in run.looked.pending]
+            expect = steps.count(t - 1) > 0 and steps.count(t) >= steps.count(t - 1)
+            assert warmed == expect, (t, c, steps)
+            applied.append(warmed)
+            if warmed:
+                _check_read(run.looked, t, name)
+    assert any(applied) and not all(applied)
+    run.finish()
+
+
+def test_the_store_warms_in_its_background_thread():
+    """``StateStore.warm`` hands the state to the store's warmer thread, which leaves the read
+    view current at the state's log position (and coalesces repeated requests)."""
+    import time
+
+    from rollplan.service.states import StateStore
+
+    store = StateStore(1 << 30)
+    run = _Run("default", 2)
+    run.prompts(200)
+    for t in range(3):
+        run.step = t
+        run.plan()
+        run.report(t, 20)
+    st = run.looked
+    assert st._view is None or st._view[0] != st.seq
+    for _ in range(3):
+        store.warm(st)
+    deadline = time.monotonic() + 10
+    while (st._view is None or st._view[0] != st.seq) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert st._view is not None and st._view[0] == st.seq
+    _check_read(st, 2, "default")
+    assert store._warmer is not None and store._warmer.is_alive() and not store._warm_queued

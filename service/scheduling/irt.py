@@ -184,12 +184,22 @@ class SkillDifficultyModel:
 
     def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
         """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
-        tau = self.tau_[o].astype(np.float64)
-        seen = tau > 0
         mu0, var0 = self._prior_belief(d, prior_logit, pred)
-        gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
-        var_seen = 1.0 / np.where(seen, tau, 1.0) + self.difficulty_drift * gap
-        return np.where(seen, self.mu_[o].astype(np.float64), mu0), np.where(seen, var_seen, var0)
+        mu, var = np.array(mu0, np.float64), np.array(var0, np.float64)
+        # The seen ones only (in a large pool most prompts are not): the same values as
+        # np.where over all of them.
+        sel, os, st = self._seen_part(o, step)
+        if sel.size:
+            gap = np.maximum(st - self.seen_step_[os], 0)
+            mu[sel] = self.mu_[os]
+            var[sel] = 1.0 / self.tau_[os].astype(np.float64) + self.difficulty_drift * gap
+        return mu, var
+
+    def _seen_part(self, o: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Positions of the seen prompts among ``o``, their ordinals and their ``step``."""
+        sel = np.flatnonzero(self.tau_[o] > 0)
+        st = np.asarray(step)
+        return sel, o[sel], st[sel] if st.ndim else st
 
     def _prompt_skill(self, o: np.ndarray, th: np.ndarray) -> np.ndarray:
         """The skill that applies to prompts ``o`` given their domain's skill ``th``: a
@@ -311,14 +321,15 @@ class SkillDifficultyModel:
         if not self.latent:
             return np.zeros(o.shape), np.zeros(o.shape)
         ps, pv = self.latent_prior()
-        ps, pv = ps[d], pv[d]
-        seen = self.tau_[o] > 0
-        keep = 1.0
-        if self.latent_hazard > 0:
-            gap = np.maximum(np.asarray(step) - self.seen_step_[o], 0)
-            keep = (1.0 - self.latent_hazard) ** gap
-        qs = np.where(seen, ps + (self.q_stuck_[o].astype(np.float64) - ps) * keep, ps)
-        qv = np.where(seen, pv + (self.q_solved_[o].astype(np.float64) - pv) * keep, pv)
+        qs, qv = ps[d], pv[d]
+        sel, os, st = self._seen_part(o, step)  # the rest keep their domain's prior
+        if sel.size:
+            keep: float | np.ndarray = 1.0
+            if self.latent_hazard > 0:
+                keep = (1.0 - self.latent_hazard) ** np.maximum(st - self.seen_step_[os], 0)
+            a, b = qs[sel], qv[sel]
+            qs[sel] = a + (self.q_stuck_[os].astype(np.float64) - a) * keep
+            qv[sel] = b + (self.q_solved_[os].astype(np.float64) - b) * keep
         return qs, qv
 
     def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 from .beta import BetaPosterior
 from .cost import CostStats
 from .textprior import PromptText
-from .util import grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
+from .util import add_at, grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
 
 T = TypeVar("T")
 
@@ -327,17 +327,21 @@ class PoolState:
             setattr(self, name, widen(getattr(self, name), top))
         self._last_step = widen(self._last_step, int(obs.step.max()))
         had_groups = self._groups[o] > 0  # before this report (a prompt's later groups here: by round)
-        np.add.at(self._rollouts, o, obs.n)
+        rank = occurrence_rank(o)
+        once = not rank.size or int(rank.max()) == 0  # one group per prompt: fancy-index updates
+        add_at(self._rollouts, o, obs.n, once)
         self._max_rollouts = max(self._max_rollouts, int(self._rollouts[o].max()))
-        np.add.at(self._groups, o, 1)
-        np.add.at(self._informative_groups, o, obs.informative.astype(np.int32))
-        np.add.at(self._solved_groups, o, (obs.successes >= obs.n - 1e-9).astype(np.int32))
-        np.add.at(self._failed_groups, o, (obs.successes <= 1e-9).astype(np.int32))
-        np.add.at(self._reward_sum, o, obs.successes)
-        np.maximum.at(self._last_step, o, obs.step)
+        add_at(self._groups, o, 1, once)
+        add_at(self._informative_groups, o, obs.informative.astype(np.int32), once)
+        add_at(self._solved_groups, o, (obs.successes >= obs.n - 1e-9).astype(np.int32), once)
+        add_at(self._failed_groups, o, (obs.successes <= 1e-9).astype(np.int32), once)
+        add_at(self._reward_sum, o, obs.successes, once)
+        if once:
+            self._last_step[o] = np.maximum(self._last_step[o], obs.step)
+        else:
+            np.maximum.at(self._last_step, o, obs.step)
         # Late reports still count, down-weighted by how stale their policy is.
         w = self.staleness_decay ** obs.staleness.astype(np.float64)
-        rank = occurrence_rank(o)
         for r in range(int(rank.max()) + 1):
             m = rank == r
             om = o[m]

@@ -47,6 +47,15 @@ def small_int_dtype(n: int) -> type[np.signedinteger]:
     return np.int32
 
 
+def add_at(a: np.ndarray, o: np.ndarray, x, once: bool) -> None:
+    """``np.add.at(a, o, x)``; with ``once`` (no ordinal repeats in ``o``) as a fancy-index
+    update, the same values (each element gets one addition either way) several times faster."""
+    if once:
+        a[o] += x
+    else:
+        np.add.at(a, o, x)
+
+
 def occurrence_rank(ordinals: np.ndarray) -> np.ndarray:
     """For each element, how many earlier elements carry the same ordinal.
 
