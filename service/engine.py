@@ -27,6 +27,8 @@ from .run_metrics import RunMetrics
 from .runs import Runs, build_strategy, current_strategy, normalise_settings
 from .runstate import RunState
 from .states import StateStore
+from .storage import repository as repo
+from .storage.db import write_session
 from .storage.models import Run
 
 __all__ = ["Engine", "PlanJSON", "build_strategy", "current_strategy", "normalise_settings"]
@@ -57,6 +59,17 @@ class Engine:
     def context(self, session: Session, run: Run) -> RunState:
         """The run's state under the strategy in force for its next step, up to date."""
         return self.store.state(session, run)
+
+    def index_plans(self, session: Session, run: Run) -> bool:
+        """Before an inspection read: write the packed items of the run's plans made since the
+        last one as rows of ``plan_items`` (``repository.index_plan_items``), in a transaction
+        of their own under the run's lock, so that a plan's path stores its items in one
+        statement. Returns whether any plan was indexed."""
+        if not repo.has_unindexed_plans(session, run.pk):
+            return False
+        with write_session(self.sessions, run.id) as s:
+            repo.index_plan_items(s, run.pk)
+        return True
 
     def forget(self, run_id: str) -> None:
         self.store.forget(run_id)

@@ -180,8 +180,9 @@ class Planner:
             if existing is not None:
                 self._same_request(existing, body, budget, step)
                 state = self.store.state(s, run)
-                o, r, p = (list(c) for c in zip(*repo.plan_items(s, existing.id, 0)))
-                return False, plan_out(state, existing, o, r, p, stored_costs(repo.plan_item_costs(s, existing.id)))
+                o, r, p = repo.stored_plan_items(s, existing)
+                costs = None if existing.items is not None else stored_costs(repo.plan_item_costs(s, existing.id))
+                return False, plan_out(state, existing, o, r, p, costs)
             if run.n_prompts < body.batch_size:
                 raise Conflict(
                     f"batch_size: the run's pool has {run.n_prompts} prompts, fewer than batch_size "
@@ -248,6 +249,7 @@ class Planner:
         if self.metrics is not None:
             self.metrics.observe_plan(state.strategy.name, compute_s)
         self.store.settled(state)
+        self.store.warm(state)  # the seal this plan decided, applied off its path
         return True, out
 
     @staticmethod
@@ -284,16 +286,14 @@ class Planner:
                         "a plan is extended once"
                     )
                 return False, self._extension_out(s, self.store.state(s, run), plan, done.extra_budget)
-            items = repo.plan_items(s, plan.id, 0)
-            ords = np.array([r[0] for r in items], np.int64)
-            planned = np.array([r[1] for r in items], np.int64)
+            ords, planned, _ = repo.stored_plan_items(s, plan)
             pilot = repo.pilot_sums(s, run.pk, plan.id)
             if not pilot:
                 raise Conflict(
                     f"plan {plan_id!r} has no pilot results yet: report them (with this plan_id) before extending"
                 )
             cfg = run.settings
-            check_allocation_size(self.settings, len(items), 0, cfg["max_rollouts"], "plan")
+            check_allocation_size(self.settings, int(ords.size), 0, cfg["max_rollouts"], "plan")
             lo, hi = cfg["reward_range"]
             pos = {o: i for i, o in enumerate(ords.tolist())}
             n = np.zeros(ords.size)

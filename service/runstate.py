@@ -24,6 +24,12 @@ A group's staleness (its down-weight) is a function of the log order: how many
 steps the latest step reported before it was past its own (``max(0, s' − step)``),
 the same for every report of a step sent before a later step's.
 
+A plan's seal is decided at its event and applied to the pool later (``_deferred``:
+before anything else reads or changes the pool, or by the store's background warmer right
+after the plan): the plan reads the view, which already holds those updates, so the fold
+of the reports is off the plan's path; applying the same updates in the same order later
+leaves the same pool.
+
 Reads that are not events (the API's estimates, the dashboard) see the state a
 plan would see now: the sealed state with the pending groups applied to a copy
 (``read``), cached by log position. The copy is a *shadow* kept with the state and
@@ -300,7 +306,8 @@ class RunState:
     spec: dict[str, Any]
     reward_range: tuple[float, float]
     strategy: strat.Strategy = field(init=False)
-    pool: PoolState = field(init=False)
+    # The pool as folded so far; ``pool`` (the property) is it with ``_deferred`` applied.
+    _pool: PoolState = field(init=False, repr=False)
     # The run's prompt ids (``PromptIds``; ``index`` its id → ordinal side). ``keep_ids``
     # False (the inspection history's second fold): none kept, no lookups.
     keep_ids: bool = True
@@ -327,12 +334,34 @@ class RunState:
     _shadow: PoolState | None = field(default=None, repr=False)
     _shadow_ahead: list[Observations] = field(default_factory=list, repr=False)
     _pool_ahead: list[Observations] | None = field(default=None, repr=False)
+    # A plan's seal, decided but not yet applied to ``_pool``: the per-step updates it seals,
+    # in order (``seal``). Applied before anything else reads or changes the pool (``pool``,
+    # the next seal or event), or off the plan's path by the store's warmer (``warm``); the
+    # read view the plan uses already holds them. Never with ``on_step``.
+    _deferred: list[Observations] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
-        self.pool = self.strategy.make_pool()
-        self.pool.reward_range = self.reward_range
+        self._pool = self.strategy.make_pool()
+        self._pool.reward_range = self.reward_range
         self.index = _IdIndex(self.ids)
+
+    @property
+    def pool(self) -> PoolState:
+        """The sealed pool (``fold(log)``'s): a seal left deferred is applied first."""
+        if self._deferred:
+            with self.lock:
+                self._pay()
+        return self._pool
+
+    def _pay(self) -> bool:
+        """Apply the deferred seal's updates to ``_pool`` (the caller holds the lock)."""
+        if not self._deferred:
+            return False
+        todo, self._deferred = self._deferred, []
+        for o in todo:
+            self._pool.observe(o)
+        return True
 
     # -- the reducer -------------------------------------------------------------------
     def apply(self, event: Event) -> None:
@@ -342,7 +371,7 @@ class RunState:
         if isinstance(event, ReportEvent):
             self._hold(event)
         elif isinstance(event, SealEvent) and event.step is not None:
-            self.seal(upto=event.step - 2)
+            self.seal(upto=event.step - 2, defer=True)
         else:
             self.seal()
             if isinstance(event, PromptsEvent):
@@ -359,7 +388,7 @@ class RunState:
     def _prompts(self, e: PromptsEvent) -> None:
         new = [(o, pid) for o, pid in zip(e.ordinals.tolist(), e.ids) if pid is not None]
         if new:
-            first = self.pool.size  # ordinals are dense: created prompts come next, in order
+            first = self._pool.size  # ordinals are dense: created prompts come next, in order
             if [o for o, _ in new] != list(range(first, first + len(new))):  # pragma: no cover
                 raise RuntimeError(f"prompt ordinals not dense from {first}")
             if self.keep_ids:
@@ -367,9 +396,9 @@ class RunState:
         self._pool_ahead = None
         codes = self.domain_codes
         dom = np.fromiter((codes.setdefault(d, len(codes)) for d in e.domains), np.int32, len(e.domains))
-        self.pool.set_prompts(e.ordinals, dom, e.priors, e.strengths)
+        self._pool.set_prompts(e.ordinals, dom, e.priors, e.strengths)
         if e.texts is not None or e.embeddings is not None:
-            self.pool.set_text(e.ordinals, e.texts, e.embeddings)
+            self._pool.set_text(e.ordinals, e.texts, e.embeddings)
 
     def _hold(self, e: ReportEvent) -> None:
         lo, hi = self.reward_range
@@ -387,11 +416,13 @@ class RunState:
         if self.pending_groups >= PENDING_MAX_GROUPS:
             self.seal()
 
-    def seal(self, upto: int | None = None) -> None:
+    def seal(self, upto: int | None = None, defer: bool = False) -> None:
         """Apply the pending groups (of steps ≤ ``upto`` when given), a step at a time (see
-        the module's docstring)."""
+        the module's docstring). ``defer`` (a plan's seal): decide the updates now, apply them
+        to the pool later (``_deferred``; the state is the same either way)."""
+        self._pay()  # an earlier seal's updates come first
         if self._inbox is not None:
-            _take_predictions(self.pool, self._inbox)
+            _take_predictions(self._pool, self._inbox)
             self._inbox = None
             self._view = None
             self._pool_ahead = None
@@ -404,7 +435,11 @@ class RunState:
             keep = [o for o in self.pending if int(o.step[0]) > upto]
         if not now:
             return
-        done = _seal_into(self.pool, now, self.on_step)
+        if defer and self.on_step is None:
+            done = _steps(now)
+            self._deferred = list(done)
+        else:
+            done = _seal_into(self._pool, now, self.on_step)
         if self._pool_ahead is not None:
             self._pool_ahead += done
             if sum(len(o) for o in self._pool_ahead) > PENDING_MAX_GROUPS:
@@ -427,27 +462,30 @@ class RunState:
         ``with``, as of the pool itself)."""
         with self.lock:
             if not self.pending and self._inbox is None:
-                yield self.pool
+                yield self.pool  # a deferred seal applied first
                 return
             if self._view is None or self._view[0] != self.seq:
                 self._view = (self.seq, self._refresh_shadow())
             yield self._view[1]
 
     def warm(self) -> bool:
-        """Bring the read view up to date now, off a plan's path (``StateStore.warm``, after a
-        report is folded), when the latest reported step looks complete: it has at least as
-        many reports pending as the step before it (a trainer with k reporters sends k a
-        step). The next plan then seals the step before and finds the view already holding
-        the rest (``_refresh_shadow``'s prefix path). Only a cache: the state is the same
-        whether or not this ran. Returns whether it did."""
+        """Work a plan would otherwise do, done now, off its path (``StateStore.warm``, after
+        a plan or a report is folded): a plan's deferred seal is applied to the pool; and the
+        read view is brought up to date when the latest reported step looks complete — it
+        has at least as many reports pending as the step before it (a trainer with k
+        reporters sends k a step). The next plan then only decides its seal (``seal``'s
+        ``defer``) and finds the view already holding the rest (``_refresh_shadow``'s
+        prefix path). The state is the same whether or not this ran. Returns whether it
+        did anything."""
         with self.lock:
+            paid = self._pay()  # a plan's deferred seal (``seal``), off the plan's path
             if not self.pending or self.on_step is not None:
-                return False
+                return paid
             steps = [int(o.step[0]) for o in self.pending]  # one step per report held
             last = max(steps)
             before = steps.count(last - 1)
             if before == 0 or steps.count(last) < before:
-                return False
+                return paid
             if self._view is None or self._view[0] != self.seq:
                 self._view = (self.seq, self._refresh_shadow())
             return True
@@ -470,7 +508,7 @@ class RunState:
                 # Rebase: the updates both have taken are now part of "the pool as it was".
                 self._shadow_ahead, self._pool_ahead = steps, []
                 return shadow
-        shadow = _copy_into(shadow, self.pool, {}, set())
+        shadow = _copy_into(shadow, self.pool, {}, set())  # a deferred seal applied first
         if self._inbox is not None:
             _take_predictions(shadow, self._inbox)
         for o in steps:
@@ -504,7 +542,7 @@ class RunState:
         """Memory held: the pool's and its trackers' arrays, the prompt ids, the read
         views' shadow and the inspection history's fold (each array by its capacity, as
         allocated)."""
-        n = _array_bytes(self.pool) + self.ids.nbytes()
+        n = _array_bytes(self._pool) + self.ids.nbytes()  # a deferred seal changes no capacity
         if self._shadow is not None:
             n += _array_bytes(self._shadow)
         if self.history is not None:

@@ -250,11 +250,12 @@ def test_copy_into_is_deepcopy():
 
 @pytest.mark.parametrize("name", sorted(strat.REGISTRY))
 def test_warming_after_reports_gives_the_same_views_and_spares_the_plan_the_fold(name, monkeypatch):
-    """``RunState.warm`` (the store's background warmer, after each report): it warms only when
-    the latest step has as many reports pending as the step before (k reporters: after the
-    k-th), the view it leaves is the definition's, the fold is the one that never warmed, and
-    a plan after a warmed single-report step finds the view current (no refresh, no update
-    left to apply)."""
+    """``RunState.warm`` (the store's background warmer, after each plan and report): after a
+    plan it applies the seal the plan deferred; after a report it warms the view only when the
+    latest step has as many reports pending as the step before (k reporters: after the k-th);
+    the views it leaves are the definition's, the fold is the one that never warmed, and a
+    plan after a warmed single-report step folds nothing on its path (its seal deferred, the
+    view current)."""
     run = _Run(name, 5)
     run.prompts(300)
     refreshes = []
@@ -266,16 +267,23 @@ def test_warming_after_reports_gives_the_same_views_and_spares_the_plan_the_fold
     real_observe = PoolState.observe
     monkeypatch.setattr(PoolState, "observe", lambda self, obs: observed.append(self) or real_observe(self, obs))
     applied = []
+    st = run.looked
     for t in range(8):
         run.step = t
-        before, shadow = len(refreshes), run.looked._shadow
+        before, shadow = len(refreshes), st._shadow
         observed.clear()
         run.plan()
-        run.read()
         if 2 <= t <= 5:
-            # The step before was one warmed report: the view needed nothing more.
-            assert len(refreshes) == before, f"step {t}: the plan refreshed the view"
-            assert run.looked._shadow is shadow and not any(p is shadow for p in observed), f"step {t}"
+            # The step before was one warmed report: the plan's seal is decided, not applied,
+            # and the view it reads needs nothing more — nothing folded on the plan's path.
+            assert st._deferred, f"step {t}: the seal was applied on the plan's path"
+            with st.read() as view:
+                assert view is shadow
+            mine = [p for p in observed if p is shadow or p is st._pool]  # not the plain state's
+            assert not mine and len(refreshes) == before, f"step {t}"
+        assert st.warm() == bool(st._deferred) or not st._deferred  # the warmer applies the seal
+        assert not st._deferred
+        run.read()
         chunks = 1 if t < 5 else 2  # from step 5 on, two reporters a step
         for c in range(chunks):
             run.report(t, int(run.rng.integers(4, 40)))

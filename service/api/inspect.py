@@ -214,7 +214,14 @@ def _step_cursor(cursor: str | None) -> int | None:
 
 def _ctx(engine, session, run_id: str):
     run = engine.get_run(session, run_id)
+    _index_plans(engine, session, run)
     return run, engine.context(session, run)
+
+
+def _index_plans(engine, session, run) -> None:
+    """The run's plans' items as rows for the queries that join them (``Engine.index_plans``)."""
+    if engine.index_plans(session, run):
+        session.commit()  # a new snapshot: the rows just indexed are seen (SQLite's WAL)
 
 
 # -- endpoints -------------------------------------------------------------------------------
@@ -317,6 +324,7 @@ def prompt_history(run_id: RunIdPath, prompt_id: str, engine: EngineDep, session
     """One prompt with every reported group and its Beta estimate after each, and every plan
     that included it (the id percent-encoded as the last path segment)."""
     run, ctx, row, out = engine.prompt(session, run_id, prompt_id)
+    _index_plans(engine, session, run)
     out["history"], out["planned"] = insp.prompt_trace(session, ctx, row.ordinal)
     return out
 

@@ -164,8 +164,11 @@ class SkillDifficultyModel:
         prior, else its predictor's, else its domain's distribution of difficulties."""
         dm, dv = self.domain_difficulty()
         has_prior = ~np.isnan(prior_logit)
-        mu0 = np.where(has_prior, self.skill_now()[d] - np.nan_to_num(prior_logit), dm[d])
-        var0 = np.where(has_prior, 1.0, dv[d])
+        if has_prior.any():
+            mu0 = np.where(has_prior, self.skill_now()[d] - np.nan_to_num(prior_logit), dm[d])
+            var0 = np.where(has_prior, 1.0, dv[d])
+        else:  # no client prior among them (the usual case): the same values, fewer passes
+            mu0, var0 = dm[d], dv[d]
         if pred is not None:
             rel, rel_var = pred
             use = ~has_prior & ~np.isnan(rel)
@@ -213,7 +216,11 @@ class SkillDifficultyModel:
         return np.where(seen, base + self.skill_transfer * (th - base), th)
 
     def _skill(self, d: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        gap = np.where(self.theta_step_[d] >= 0, np.maximum(np.asarray(step) - self.theta_step_[d], 0), 0)
+        ts = self.theta_step_
+        if np.ndim(step) == 0:  # one step: per domain, then gathered (the same values)
+            var = self.theta_var_ + self.skill_drift * np.where(ts >= 0, np.maximum(np.asarray(step) - ts, 0), 0)
+            return self.skill_now()[d], var[d]
+        gap = np.where(ts[d] >= 0, np.maximum(np.asarray(step) - ts[d], 0), 0)
         return self.skill_now()[d], self.theta_var_[d] + self.skill_drift * gap
 
     # -- updates --------------------------------------------------------------------
@@ -465,6 +472,9 @@ _MODE_ITERS = 4
 
 def prior_logit(p0: np.ndarray) -> np.ndarray:
     """logit of a client prior pass rate (NaN stays NaN), clipped to ±4."""
+    none = np.isnan(p0)
+    if none.all():  # no client prior among them (the usual case)
+        return np.full(np.shape(p0), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.log(p0) - np.log1p(-p0)
-    return np.where(np.isnan(p0), np.nan, np.clip(z, -_LOGIT_CLIP, _LOGIT_CLIP))
+    return np.where(none, np.nan, np.clip(z, -_LOGIT_CLIP, _LOGIT_CLIP))

@@ -28,6 +28,8 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -101,8 +103,22 @@ class Plan(Base):
     token_budget: Mapped[int | None] = mapped_column(BigInteger)
     rollout_cap: Mapped[int | None] = mapped_column(BigInteger)
     max_new_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Migration 0013: the items packed (``repository.pack_items``), written with the plan in
+    # one statement; NULL for older plans and plans in tokens (their items are rows only).
+    # ``items_indexed``: whether they are rows of ``plan_items`` too (written on the first
+    # inspection read that needs them, ``repository.index_plan_items``).
+    items: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    items_indexed: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=true())
 
-    __table_args__ = (UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),)
+    __table_args__ = (
+        UniqueConstraint("run_pk", "step", name="uq_plans_run_step"),
+        Index(
+            "ix_plans_unindexed",
+            "run_pk",
+            postgresql_where=text("NOT items_indexed"),
+            sqlite_where=text("NOT items_indexed"),
+        ),
+    )
 
 
 class PlanItem(Base):

@@ -13,8 +13,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -118,9 +116,13 @@ def next_step(s: Session, run_pk: int) -> int:
     return 0 if last is None else int(last) + 1
 
 
+_MARK_STEP = text("INSERT INTO run_steps (run_pk, step) VALUES (:run_pk, :step) ON CONFLICT DO NOTHING")
+
+
 def mark_step(s: Session, run_pk: int, step: int) -> None:
-    ins = pg_insert if is_postgres(s) else sqlite_insert
-    s.execute(ins(RunStep).values(run_pk=run_pk, step=step).on_conflict_do_nothing())
+    # Plain SQL (both dialects take ON CONFLICT DO NOTHING): the ORM's insert construct cost
+    # more to build per call than the statement itself.
+    s.execute(_MARK_STEP, {"run_pk": run_pk, "step": step})
 
 
 def take_seq(s: Session, run: Run) -> int:
@@ -600,10 +602,61 @@ def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
 
 
 def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
-    s.add(plan)
-    s.flush()
-    insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
+    """Store a plan: its row with its items packed (``pack_items``; one INSERT, flushed with
+    the run's counters and log position in one UPDATE), or, for a plan whose items carry
+    costs, its row and its items as rows of ``plan_items``."""
+    if costs is None:
+        plan.items, plan.items_indexed = pack_items(ordinals, rollouts, predicted), False
+        s.add(plan)
+        s.flush()
+    else:
+        s.add(plan)
+        s.flush()
+        insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
     mark_step(s, plan.run_pk, plan.step)
+
+
+_ITEM_BYTES = 8 + 4 + 8  # a packed item: ordinal int64, rollouts int32, predicted float64
+
+
+def pack_items(ordinals, rollouts, predicted) -> bytes:
+    """A plan's items as one little-endian buffer: the ordinals (int64), then the rollouts
+    (int32), then the predicted pass rates (float64), each column whole, in plan order."""
+    return b"".join(
+        (
+            np.asarray(ordinals).astype("<i8").tobytes(),
+            np.asarray(rollouts).astype("<i4").tobytes(),
+            np.asarray(predicted, dtype=np.float64).astype("<f8").tobytes(),
+        )
+    )
+
+
+def unpack_items(buf: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pack_items``' inverse: (ordinals int64, rollouts int64, predicted float64)."""
+    n = len(buf) // _ITEM_BYTES
+    if n * _ITEM_BYTES != len(buf):  # pragma: no cover - only pack_items writes them
+        raise ValueError(f"packed plan items of {len(buf)} bytes are not whole items")
+    o = np.frombuffer(buf, "<i8", n, 0).astype(np.int64)
+    r = np.frombuffer(buf, "<i4", n, 8 * n).astype(np.int64)
+    p = np.frombuffer(buf, "<f8", n, 12 * n).astype(np.float64)
+    return o, r, p
+
+
+def index_plan_items(s: Session, run_pk: int) -> int:
+    """Write the packed items of the run's plans not yet indexed as rows of ``plan_items``
+    (what the inspection queries join), and mark them indexed; the caller holds the run's
+    lock. Returns the number of plans indexed."""
+    todo = s.execute(select(Plan.id, Plan.items).where(Plan.run_pk == run_pk, Plan.items_indexed.is_(False))).all()
+    for plan_id, buf in todo:
+        if buf is not None:
+            insert_plan_items(s, plan_id, 0, 0, *unpack_items(buf))
+    if todo:
+        s.execute(update(Plan).where(Plan.id.in_([t[0] for t in todo])).values(items_indexed=True))
+    return len(todo)
+
+
+def has_unindexed_plans(s: Session, run_pk: int) -> bool:
+    return s.scalar(select(Plan.id).where(Plan.run_pk == run_pk, Plan.items_indexed.is_(False)).limit(1)) is not None
 
 
 PlanCosts = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -644,7 +697,23 @@ def plan_item_costs(s: Session, plan_id: str) -> list[tuple[float | None, int | 
     ]
 
 
+def stored_plan_items(s: Session, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A stored plan's items (ordinals, rollouts, predicted pass rates), from its packed row
+    or, for a plan stored without it, from ``plan_items``."""
+    buf = plan.items
+    if buf is not None:
+        return unpack_items(buf)
+    rows = plan_items(s, plan.id, 0)
+    return (
+        np.array([r[0] for r in rows], np.int64),
+        np.array([r[1] for r in rows], np.int64),
+        np.array([r[2] for r in rows], np.float64),
+    )
+
+
 def plan_items(s: Session, plan_id: str, phase: int) -> list[tuple[int, int, float]]:
+    """The rows of ``plan_items`` of a plan's phase (0: a plan stored without packed items;
+    1: its extension)."""
     return [
         (int(o), int(r), float(p))
         for o, r, p in s.execute(

@@ -1,0 +1,98 @@
+"""A plan's items stored packed in its row (issue 24): one statement on the plan's path;
+the rows of ``plan_items`` (what the inspection queries join) written on the first
+inspection read after it, under the run's lock. Behaviour, not speed: a stored plan asked
+again is the same plan, a plan stored before the packing (rows only) still reads back, the
+inspection views see every plan, and indexing twice writes nothing twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rollplan.service.storage import repository as repo
+from rollplan.service.storage.models import Plan, PlanItem, Run
+from sqlalchemy import func, select, update
+
+
+def _engine(client):
+    app = client.app
+    while not hasattr(app, "state"):
+        app = app.app
+    return app.state.engine
+
+
+def _run(client, run_id: str, n: int = 40) -> None:
+    client.put(f"/v1/runs/{run_id}", json={"strategy": {"name": "default"}, "rollouts_per_prompt": 4}).raise_for_status()
+    prompts = [{"id": f"p{i}", "domain": f"d{i % 3}"} for i in range(n)]
+    client.post(f"/v1/runs/{run_id}/prompts", json={"prompts": prompts}).raise_for_status()
+
+
+def _counts(client, run_id: str) -> tuple[int, int, int]:
+    """(plans with packed items, plans not yet indexed, rows of plan_items) of the run."""
+    with _engine(client).sessions() as s:
+        pk = s.scalar(select(Run.pk).where(Run.id == run_id))
+        ids = select(Plan.id).where(Plan.run_pk == pk)
+        packed = s.scalar(select(func.count()).where(Plan.run_pk == pk, Plan.items.is_not(None)))
+        pending = s.scalar(select(func.count()).where(Plan.run_pk == pk, Plan.items_indexed.is_(False)))
+        rows = s.scalar(select(func.count()).select_from(PlanItem).where(PlanItem.plan_id.in_(ids)))
+    return packed, pending, rows
+
+
+def test_pack_and_unpack_are_inverse():
+    rng = np.random.default_rng(0)
+    o = rng.integers(0, 2**40, 300)
+    r = rng.integers(1, 2**20, 300)
+    p = rng.random(300)
+    p[3] = 0.0
+    a, b, c = repo.unpack_items(repo.pack_items(o, r, p))
+    np.testing.assert_array_equal(a, o)
+    np.testing.assert_array_equal(b, r)
+    assert c.tobytes() == p.tobytes()
+    assert [x.size for x in repo.unpack_items(repo.pack_items([], [], []))] == [0, 0, 0]
+
+
+def test_a_plan_is_one_row_until_inspected_then_its_items_are_rows(client):
+    _run(client, "pk")
+    plans = []
+    for step in range(3):
+        r = client.post("/v1/runs/pk/plans", json={"batch_size": 8, "step": step})
+        assert r.status_code == 201, r.text
+        plans.append(r.json())
+        groups = [{"prompt_id": it["prompt_id"], "rewards": [1, 0, 0, 1][: it["rollouts"]]} for it in r.json()["items"]]
+        client.post("/v1/runs/pk/results", json={"report_id": f"r{step}", "step": step, "results": groups}
+                    ).raise_for_status()
+    assert _counts(client, "pk") == (3, 3, 0)  # no row of plan_items on the plans' path
+    # Asked again: the stored plan, item for item, from its packed row.
+    for step, want in enumerate(plans):
+        again = client.post("/v1/runs/pk/plans", json={"batch_size": 8, "step": step})
+        assert again.status_code == 200 and again.json() == want
+    # The first inspection read indexes them; the views see every planned prompt.
+    tl = client.get("/v1/runs/pk/timeline").json()["items"]
+    assert _counts(client, "pk") == (3, 0, 24)
+    assert [t["step"] for t in tl] == [0, 1, 2]
+    assert all(t["calibration"]["groups"] == 8 for t in tl), tl
+    dom = client.get("/v1/runs/pk/domains").json()["items"]
+    assert sum(c["planned_prompts"] for d in dom for c in d["domains"]) == 24
+    first = plans[0]["items"][0]
+    trace = client.get(f"/v1/runs/pk/prompt-history/{first['prompt_id']}").json()
+    assert {"step": 0, "plan_id": plans[0]["plan_id"], "rollouts": first["rollouts"],
+            "predicted_pass_rate": pytest.approx(first["predicted_pass_rate"])} in trace["planned"]
+    # Indexed once: reading again writes nothing more.
+    client.get("/v1/runs/pk/timeline").raise_for_status()
+    assert _counts(client, "pk") == (3, 0, 24)
+    # A plan after the index is indexed by the next read, the earlier ones not again.
+    client.post("/v1/runs/pk/plans", json={"batch_size": 8, "step": 3}).raise_for_status()
+    assert _counts(client, "pk") == (4, 1, 24)
+    client.get("/v1/runs/pk/domains").raise_for_status()
+    assert _counts(client, "pk") == (4, 0, 32)
+
+
+def test_a_plan_stored_before_the_packing_still_reads_back(client):
+    _run(client, "old")
+    want = client.post("/v1/runs/old/plans", json={"batch_size": 8, "step": 0}).json()
+    client.get("/v1/runs/old/timeline").raise_for_status()  # its rows written
+    with _engine(client).sessions() as s:  # as migration 0013 leaves an older plan: rows only
+        s.execute(update(Plan).where(Plan.id == want["plan_id"]).values(items=None))
+        s.commit()
+    _engine(client).forget("old")
+    again = client.post("/v1/runs/old/plans", json={"batch_size": 8, "step": 0})
+    assert again.status_code == 200 and again.json() == want
