@@ -322,7 +322,8 @@ def report(runs: list[dict], worlds: dict, out: Path, meta: dict) -> dict:
         sim.print_table(per_world[w], ns, title=f"world {w} ({info['kind']}: {info['description']})")
         sim.print_budget_table(per_world[w], title=f"world {w}")
     mat = matrix(per_world, arm_order)
-    print_matrix(mat, list(per_world))
+    if per_world:
+        print_matrix(mat, list(per_world))
     candidates = [
         r for r in mat if r["worlds"] == len(per_world) and sim.arm_strategy(r["arm"])["name"] in strat.REGISTRY
     ]
