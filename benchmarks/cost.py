@@ -18,7 +18,10 @@ truncation flags:
 - ``tokens``: a token budget of B · n · the pool's mean completion tokens at the limit (the
   rollout plan's expected cost: the equivalent budget), at most B prompts;
 - ``rollouts+hints``, ``tokens+hints``: the same, with each item's ``max_new_tokens`` hint
-  applied (the trainer generates that item's rollouts with the hinted limit).
+  applied (the trainer generates that item's rollouts with the hinted limit);
+- ``STRATEGY/MODE`` (e.g. ``uniform/rollouts``, ``beta/tokens+hints``): another registered
+  strategy in one of the four modes; ``uniform`` alone is ``uniform/rollouts`` (the suite's
+  reference arm).
 
 Per run: held-out accuracy against cumulative tokens and rollouts, tokens and rollouts to a
 target (75% of the way from the start to the ``rollouts`` arm's lowest best over the seeds),
@@ -46,6 +49,19 @@ from ..service.scheduling.pool import Observations, PoolState
 from .sim import Learner, SimConfig
 
 ARMS = ("rollouts", "tokens", "rollouts+hints", "tokens+hints")
+
+
+def parse_arm(arm: str) -> tuple[str, str]:
+    """(strategy, mode) of an arm: a mode of ``ARMS`` (``default``), ``STRATEGY/MODE``, or
+    ``uniform`` (= ``uniform/rollouts``)."""
+    if arm in ARMS:
+        return "default", arm
+    if arm == "uniform":
+        return "uniform", "rollouts"
+    name, _, mode = arm.partition("/")
+    if mode not in ARMS or name not in strat.REGISTRY:
+        raise ValueError(f"unknown cost-world arm {arm!r} (a mode of {ARMS}, STRATEGY/MODE, or uniform)")
+    return name, mode
 
 
 @dataclass
@@ -106,8 +122,9 @@ def run_cost_arm(arm: str, sim: SimConfig, ccfg: CostConfig, token_budget: float
     roll_rng = np.random.default_rng(sim.seed + 1_000_003)
     B, n0 = sim.batch, sim.rollouts
     lo, hi = 2, 16
-    in_tokens, hints = arm.startswith("tokens"), arm.endswith("+hints")
-    strategy = strat.build("default", {})
+    name, mode = parse_arm(arm)
+    in_tokens, hints = mode.startswith("tokens"), mode.endswith("+hints")
+    strategy = strat.build(name, {})
     pool: PoolState = strategy.make_pool()
     pool.set_prompts(np.arange(sim.prompts), learner.domain, np.full(sim.prompts, np.nan))
     used = tokens_used = zero_tokens = 0.0
@@ -115,7 +132,7 @@ def run_cost_arm(arm: str, sim: SimConfig, ccfg: CostConfig, token_budget: float
     curve = []
     t0 = time.perf_counter()
     for step in range(sim.steps):
-        rng_plan = strat.plan_rng("cost", step, "default")
+        rng_plan = strat.plan_rng("cost", step, name)
         if in_tokens:
             req = strat.PlanRequest(2 * B, 2 * B * n0, lo, hi, step)  # the planner's 2 × batch candidates
             d = strategy.plan(pool, req, rng_plan)
@@ -178,7 +195,7 @@ def summarise(rows: list[dict]) -> dict:
     out: dict = {}
     by = {(r["arm"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
-    for arm in ARMS:
+    for arm in dict.fromkeys(r["arm"] for r in rows):
         rs = [by[(arm, s)] for s in seeds if (arm, s) in by]
         if not rs:
             continue
@@ -219,6 +236,56 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def run_world(arms: list[str], ccfg: CostConfig, seeds: int, **sim_opts) -> tuple[list[dict], float]:
+    """Every arm on ``seeds`` paired seeds of the world (``sim_opts``: ``SimConfig`` fields);
+    the rows with their tokens and rollouts to the target, and the target: 75% of the way from
+    the start to the lowest best over the seeds of the ``rollouts`` arm (of every arm without it)."""
+    rows = []
+    for seed in range(seeds):
+        sim = SimConfig(**sim_opts, seed=seed)
+        world = CostWorld(ccfg, Learner(sim, np.random.default_rng(seed)), np.random.default_rng(seed + 7))
+        mean_tok = world.mean_tokens_at_limit(np.random.default_rng(seed + 11))
+        budget = sim.batch * sim.rollouts * mean_tok
+        for arm in arms:
+            r = run_cost_arm(arm, sim, ccfg, budget)
+            r["token_budget"] = budget
+            rows.append(r)
+            print(
+                f"seed {seed} {arm:15s} tokens {r['tokens']:.3g} rollouts {r['rollouts']:.0f} "
+                f"zero-signal {r['zero_signal_token_share']:.3f} truncated {r['truncated_share']:.3f} "
+                f"final acc {r['final_accuracy']:.3f} ({r['wall_s']:.1f} s)",
+                flush=True,
+            )
+    base = [r for r in rows if r["arm"] == "rollouts"] or rows
+    start = float(np.mean([r["curve"][0][3] for r in base]))
+    worst = min(max(c[3] for c in r["curve"]) for r in base)
+    target = round(start + 0.75 * max(worst - start, 0.0), 4)
+    for r in rows:
+        r["tokens_to_target"] = to_target(r["curve"], target, 2)
+        r["rollouts_to_target"] = to_target(r["curve"], target, 1)
+    return rows, target
+
+
+def print_table(summary: dict, title: str) -> None:
+    """The markdown table of ``summarise``: tokens and rollouts to the target beside each
+    other (× paired per seed against the ``rollouts`` arm, < 1 = fewer), the share of tokens
+    in zero-signal groups and of truncated completions."""
+    f = lambda x, d=3: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
+    print(f"\n{title}")
+    print(
+        "| arm | tokens to target | × tokens | rollouts to target | × rollouts | zero-signal token share "
+        "| truncated share | final acc |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for arm, s in summary.items():
+        tt, rt = s.get("tokens_to_target"), s.get("rollouts_to_target")
+        print(
+            f"| {arm} | {'—' if tt is None else f'{tt / 1e6:.2f} M'} | {f(s.get('tokens_ratio_vs_rollouts'))} | "
+            f"{'—' if rt is None else f'{rt:,.0f}'} | {f(s.get('rollouts_ratio_vs_rollouts'))} | "
+            f"{f(s['zero_signal_token_share'])} | {f(s['truncated_share'])} | {f(s['final_accuracy'])} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description="The cost world: budgets in tokens against budgets in rollouts.")
     ap.add_argument("--smoke", action="store_true")
@@ -235,31 +302,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         args.prompts, args.steps, args.seeds, args.batch = 2_000, 40, 1, 32
     arms = args.arms.split(",")
+    for a in arms:
+        parse_arm(a)  # fail before running anything
     ccfg = replace(CostConfig(), limit=args.limit, hardness=args.hardness, spread=args.spread)
-    rows = []
-    for seed in range(args.seeds):
-        sim = SimConfig(prompts=args.prompts, steps=args.steps, batch=args.batch, seed=seed)
-        world = CostWorld(ccfg, Learner(sim, np.random.default_rng(seed)), np.random.default_rng(seed + 7))
-        mean_tok = world.mean_tokens_at_limit(np.random.default_rng(seed + 11))
-        budget = sim.batch * sim.rollouts * mean_tok
-        for arm in arms:
-            r = run_cost_arm(arm, sim, ccfg, budget)
-            r["token_budget"] = budget
-            rows.append(r)
-            print(
-                f"seed {seed} {arm:15s} tokens {r['tokens']:.3g} rollouts {r['rollouts']:.0f} "
-                f"zero-signal {r['zero_signal_token_share']:.3f} truncated {r['truncated_share']:.3f} "
-                f"final acc {r['final_accuracy']:.3f} ({r['wall_s']:.1f} s)",
-                flush=True,
-            )
-    # The target: 75% of the way from the start to the rollout arm's lowest best over the seeds.
-    base = [r for r in rows if r["arm"] == "rollouts"] or rows
-    start = float(np.mean([r["curve"][0][3] for r in base]))
-    worst = min(max(c[3] for c in r["curve"]) for r in base)
-    target = round(start + 0.75 * max(worst - start, 0.0), 4)
-    for r in rows:
-        r["tokens_to_target"] = to_target(r["curve"], target, 2)
-        r["rollouts_to_target"] = to_target(r["curve"], target, 1)
+    rows, target = run_world(arms, ccfg, args.seeds, prompts=args.prompts, steps=args.steps, batch=args.batch)
     summary = summarise(rows)
     print(f"target held-out accuracy {target}")
     for arm, s in summary.items():

@@ -37,6 +37,14 @@ uniform's starting held-out accuracy to uniform's lowest best over the seeds (so
 reaches it on every seed). An arm that misses the target on a seed is charged the
 rollouts it used (a lower bound on its cost) in the share.
 
+The cost world (``sim-cost``, kind ``cost``: ``benchmarks/cost.py``) prices rollouts in
+tokens: its arms are budgets, not strategies (``COST_ARMS``: ``uniform`` and ``default``
+with a rollout budget, ``default`` with the equivalent token budget, and both ``default``
+arms with ``max_new_tokens`` hints applied). Its table gives, per arm, tokens to the
+target beside rollouts to the target (× paired per seed against ``default``'s rollout
+budget), the share of tokens in zero-signal groups and the share of truncated completions
+(``suite.json``: ``cost``); it stays out of the matrix (no oracle there).
+
 Writes ``suite.json`` (every run), ``suite_matrix.png`` (arms × worlds, the share) and
 prints one markdown table per world and the matrix with each arm's worst case.
 """
@@ -97,7 +105,7 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
     ),
     "sim-text-nodomain": (
         "sim",
-        "sim-text with every prompt sent without a domain (the domain is only in the text, \"[domain k] …\")",
+        'sim-text with every prompt sent without a domain (the domain is only in the text, "[domain k] …")',
         dict(prompts=50_000, steps=800, batch=128, text="arith", text_noise=0.5, send_domains=False),
     ),
     "sim-embed": (
@@ -105,6 +113,13 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
         "sim-base with an embedding per prompt and no text: 64 dimensions, a noisy random projection of "
         "its difficulty and whether it never or always passes",
         dict(prompts=50_000, steps=800, batch=128, text="embed"),
+    ),
+    "sim-cost": (
+        "cost",
+        "the cost world (benchmarks/cost.py): 20k prompts, completion lengths heavy-tailed and longer for harder "
+        "prompts, a 1,024-token limit that turns would-be passes into fails; uniform and default with a rollout "
+        "budget, default with the equivalent token budget, each with and without max_new_tokens hints, 300 steps",
+        dict(prompts=20_000, steps=300, batch=64),
     ),
     "learner": (
         "learner",
@@ -129,6 +144,9 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
     ),
 }
 SMOKE_SIM = dict(prompts=3_000, steps=60, batch=32)
+SMOKE_COST = dict(prompts=2_000, steps=40, batch=32)
+# The cost world's arms (benchmarks/cost.py): budgets in rollouts or tokens, hints applied or not.
+COST_ARMS = ("uniform", "rollouts", "tokens", "rollouts+hints", "tokens+hints")
 # Long-horizon worlds at smoke size keep a longer run than the others (CI's smoke covers one).
 SMOKE_LONG = dict(prompts=3_000, steps=240, batch=32)
 
@@ -158,6 +176,18 @@ def run_sim_world(name: str, opts: dict, arms: list[str], seeds: int, workers: i
         r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
     sim.budget_metrics(rows)
     return rows, target
+
+
+def run_cost_world(name: str, opts: dict, seeds: int, smoke: bool) -> tuple[list, float, dict]:
+    """The cost world's arms (``COST_ARMS``) on ``seeds`` paired seeds: rows, target, summary."""
+    from . import cost
+
+    rows, target = cost.run_world(list(COST_ARMS), cost.CostConfig(), seeds, **(SMOKE_COST if smoke else opts))
+    summary = cost.summarise(rows)
+    for r in rows:
+        r["world"] = name
+        r["curve"] = r["curve"][:: max(1, len(r["curve"]) // 100)]
+    return rows, target, summary
 
 
 def run_learner_world(
@@ -269,9 +299,15 @@ def plot_matrix(rows: list[dict], worlds: list[str], path: Path) -> None:
 
 def report(runs: list[dict], worlds: dict, out: Path, meta: dict) -> dict:
     """Summaries per world, the matrix, the best worst case; prints, writes JSON and the plot."""
-    per_world, arm_order = {}, []
+    from . import cost
+
+    per_world, arm_order, cost_worlds = {}, [], {}
     for w, info in worlds.items():
         rows = [r for r in runs if r["world"] == w]
+        if info["kind"] == "cost":  # its own table (tokens beside rollouts); not in the matrix
+            cost_worlds[w] = info.get("summary") or cost.summarise(rows)
+            cost.print_table(cost_worlds[w], f"world {w} (cost: {info['description']}; target {info['target']})")
+            continue
         w_arms = list(dict.fromkeys(r["arm"] for r in rows))
         arm_order += [a for a in w_arms if a not in arm_order]
         per_world[w] = sim.summarise(rows, w_arms)
@@ -286,18 +322,29 @@ def report(runs: list[dict], worlds: dict, out: Path, meta: dict) -> dict:
         sim.print_table(per_world[w], ns, title=f"world {w} ({info['kind']}: {info['description']})")
         sim.print_budget_table(per_world[w], title=f"world {w}")
     mat = matrix(per_world, arm_order)
-    print_matrix(mat, list(worlds))
-    candidates = [r for r in mat if r["worlds"] == len(worlds) and sim.arm_strategy(r["arm"])["name"] in strat.REGISTRY]
+    if per_world:
+        print_matrix(mat, list(per_world))
+    candidates = [
+        r for r in mat if r["worlds"] == len(per_world) and sim.arm_strategy(r["arm"])["name"] in strat.REGISTRY
+    ]
     best = candidates[0]["arm"] if candidates else None
     if best is not None:
         print(
             f"\nbest worst case among the strategies run on every world: {best} "
             f"({candidates[0]['worst']:.2f}; mean {candidates[0]['mean']:.2f})"
         )
-    result = {**meta, "worlds": worlds, "summary": per_world, "matrix": mat, "best_worst_case": best, "runs": runs}
+    result = {
+        **meta,
+        "worlds": {w: {k: v for k, v in info.items() if k != "summary"} for w, info in worlds.items()},
+        "summary": per_world,
+        "cost": cost_worlds,
+        "matrix": mat,
+        "best_worst_case": best,
+        "runs": runs,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(json.dumps(result, indent=1))
-    plot_matrix(mat, list(worlds), out / "suite_matrix.png")
+    plot_matrix(mat, list(per_world), out / "suite_matrix.png")
     print(f"wrote {out / 'suite.json'}")
     return result
 
@@ -328,6 +375,8 @@ def merge(paths: list[Path], out: Path) -> dict:
     # A world's target is recomputed over all its pooled runs (the same uniform runs give the same target).
     for w in worlds:
         rows = [r for r in runs if r["world"] == w]
+        if worlds[w]["kind"] == "cost":  # summarised from its (pooled) runs in report()
+            continue
         if all("curve" in r for r in rows):
             # Runs of one learner world pooled from several invocations had each their own target.
             worlds[w]["target"] = sim.auto_target(rows, **({} if worlds[w]["kind"] == "sim" else {"digits": 3}))
@@ -391,8 +440,12 @@ def main(argv: list[str] | None = None) -> dict:
             opts,
             **((SMOKE_LONG if opts.get("steps", 0) > 1_000 else SMOKE_SIM) if args.smoke and kind == "sim" else {}),
         )
+        cost_summary = None
         if kind == "sim":
             rows, target = run_sim_world(w, opts, arms, args.seeds, args.workers, args.smoke)
+        elif kind == "cost":
+            shown = dict(SMOKE_COST) if args.smoke else dict(opts)
+            rows, target, cost_summary = run_cost_world(w, opts, args.seeds, args.smoke)
         else:
             if args.smoke:
                 shown.pop("steps", None)  # the learner's own smoke length
@@ -407,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
             "target": target,
             "wall_s": time.perf_counter() - tw,
         }
+        if cost_summary is not None:
+            infos[w]["summary"] = cost_summary
         print(f"world {w}: {infos[w]['wall_s']:.0f} s", flush=True)
     meta = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "workers": args.workers},

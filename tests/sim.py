@@ -38,8 +38,12 @@ def simulate(
     seed: int = 0,
     strategy: str = "beta",
     split_reports: bool = True,
+    tokens: bool = False,
 ) -> SimRun:
+    """``tokens``: each rollout also reports a completion length (16–511 tokens, from its own
+    generator: the rewards are those of the same seed without) and truncated (≥ 480)."""
     rng = np.random.default_rng(seed)
+    trng = np.random.default_rng(seed + 1_000)
     r = client.put(f"/v1/runs/{run_id}", json={"strategy": {"name": strategy}, "rollouts_per_prompt": rollouts,
                                               "metadata": {"model": "sim-tiny", "seed": seed}})
     assert r.status_code in (200, 201), r.text
@@ -62,6 +66,10 @@ def simulate(
         for item in plan["items"]:
             p = 1.0 / (1.0 + np.exp(-(skill - difficulty[index[item["prompt_id"]]])))
             groups.append({"prompt_id": item["prompt_id"], "rewards": rng.binomial(1, p, item["rollouts"]).astype(float).tolist()})
+            if tokens:
+                lengths = trng.integers(16, 512, item["rollouts"])
+                groups[-1]["tokens"] = lengths.tolist()
+                groups[-1]["truncated"] = (lengths >= 480).tolist()
         # Two data-parallel ranks report halves of the step.
         parts = [groups[: len(groups) // 2], groups[len(groups) // 2 :]] if split_reports else [groups]
         for rank, part in enumerate(parts):

@@ -35,6 +35,7 @@ RUNS = {  # run id -> (strategy, seed, setting, eval/accuracy at steps 1, 3, 5)
     "unif-s2": ("uniform", 4, "uniform", [0.1, 0.2, 0.6]),
 }
 EVAL_STEPS = [1, 3, 5]
+WITH_TOKENS = {"beta-s1", "beta-s2", "unif-s1"}  # their reports carry completion tokens; unif-s2's do not
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def server(tmp_path_factory):
                 # different batch sizes: the runs' cumulative rollouts differ at equal steps
                 batch = 8 if strategy == "beta" else 6
                 simulate(c, run_id=rid, strategy=strategy, n_prompts=40, steps=6, batch_size=batch, rollouts=8,
-                         seed=seed)
+                         seed=seed, tokens=rid in WITH_TOKENS)
                 r = c.put(f"/v1/runs/{rid}", json={"strategy": {"name": strategy}, "rollouts_per_prompt": 8,
                                                    "metadata": {"setting": setting, "seed": seed}})
                 assert r.status_code == 200, r.text
@@ -58,6 +59,15 @@ def server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
+
+
+def cumulative_tokens(server, rid):
+    """step -> completion tokens reported up to and including it."""
+    cum, n = {}, 0
+    for t in api(server, f"/v1/runs/{rid}/timeline")["items"]:
+        n += t["tokens"] or 0
+        cum[t["step"]] = n
+    return cum
 
 
 def cumulative(server, rid):
@@ -176,8 +186,13 @@ def test_rollouts_to_reach_a_threshold_with_the_baseline_ratio(server, browser):
         w = sum(t["wasted_rollouts"] for t in tl)
         p, f = sum(t["wasted_all_solved"] for t in tl), sum(t["wasted_all_failed"] for t in tl)
         cells = [td.text for td in browser.find_elements("css selector", f'#waste tr[data-run="{rid}"] td')]
+        if rid in WITH_TOKENS:
+            tk, wt = sum(t["tokens"] for t in tl), sum(t["wasted_tokens"] for t in tl)
+            tok_cells = [f"{tk:,}", f"{wt:,}", f"{100 * wt / tk:.1f}%"]
+        else:
+            tok_cells = ["–", "–", "–"]
         assert cells[1:] == [f"{n:,}", f"{w:,}", f"{100 * w / n:.1f}%", f"{p:,}", f"{100 * p / n:.1f}%", f"{f:,}",
-                             f"{100 * f / n:.1f}%", f"{w - p - f:,}"], (rid, cells)
+                             f"{100 * f / n:.1f}%", f"{w - p - f:,}", *tok_cells], (rid, cells)
     assert_no_console_errors(browser)
 
 
@@ -253,4 +268,55 @@ def test_png_export_carries_title_and_legend(server, browser):  # noqa: F811
         assert got[:3] == want and got[3] == 255, (got, e)
     assert probe["ink"] > 50  # the title's text
     assert link.get_attribute("download") == "compare-eval.png"
+    assert_no_console_errors(browser)
+
+
+def test_compare_on_cumulative_tokens(server, browser):  # noqa: F811
+    """x = cumulative tokens: each run's eval points sit at the tokens it had reported by
+    then (a run whose reports carry no tokens has none); the tokens and wasted tokens per
+    step are drawn; the reach table gives tokens and, on this axis, the ratio in tokens."""
+    ids = ["beta-s1", "unif-s1", "unif-s2"]
+    open_page(browser, server.url + "/ui/compare?refresh=0&metric=eval/accuracy&x=tokens&runs=" + ",".join(ids))
+    assert browser.execute_script("return document.getElementById('chart-eval').uplot.axes[0].label") == \
+        "cumulative tokens"
+    cum = {rid: cumulative_tokens(server, rid) for rid in ids}
+    got = series(browser, "chart-eval")
+    assert got["x"] == sorted({cum[rid][st] for rid in WITH_TOKENS & set(ids) for st in EVAL_STEPS})
+    for rid in ids:
+        pts = {x: v for x, v in zip(got["x"], got["series"][rid]) if v is not None}
+        want = {cum[rid][st]: a for st, a in zip(EVAL_STEPS, RUNS[rid][3])} if rid in WITH_TOKENS else {}
+        assert pts == pytest.approx(want), rid
+    tl = {rid: api(server, f"/v1/runs/{rid}/timeline")["items"] for rid in ids}
+    for cid, key in (("chart-tokens", "tokens"), ("chart-wasted-tokens", "wasted_tokens")):
+        ch = series(browser, cid)
+        for rid in ("beta-s1", "unif-s1"):
+            pts = {x: v for x, v in zip(ch["x"], ch["series"][rid]) if v is not None}
+            assert pts == {cum[rid][t["step"]]: t[key] for t in tl[rid]}, (cid, rid)
+        assert all(v is None for v in ch["series"]["unif-s2"])
+    choose(browser, "baseline", "unif-s1")
+    type_into(browser, "threshold", "0.5")
+    wait_for(browser, lambda d: attrs(d, "#reach tbody tr", "data-ratio")[0] != "")
+    first = {"beta-s1": 3, "unif-s1": 5, "unif-s2": 5}
+    assert [int(v) for v in attrs(browser, "#reach tbody tr", "data-tokens")[:2]] == \
+        [cum["beta-s1"][3], cum["unif-s1"][5]]
+    assert attrs(browser, "#reach tbody tr", "data-tokens")[2] == ""
+    ratios = attrs(browser, "#reach tbody tr", "data-ratio")
+    assert float(ratios[0]) == pytest.approx(cum["beta-s1"][first["beta-s1"]] / cum["unif-s1"][first["unif-s1"]])
+    assert ratios[2] == ""  # no tokens: no ratio in tokens
+    assert "ratio: tokens / unif-s1's" in browser.find_element("id", "reach-what").text
+    assert "x=tokens" in browser.current_url
+    assert_no_console_errors(browser)
+
+
+def test_run_page_cards_give_tokens_where_reports_carry_them(server, browser):  # noqa: F811
+    for rid in ("beta-s1", "unif-s2"):
+        open_page(browser, server.url + f"/ui/runs/{rid}?refresh=0")
+        cards = {c.get_attribute("data-card"): c.text for c in browser.find_elements("css selector", "#cards .card")}
+        if rid in WITH_TOKENS:
+            tl = api(server, f"/v1/runs/{rid}/timeline")["items"]
+            tk, wt = sum(t["tokens"] for t in tl), sum(t["wasted_tokens"] for t in tl)
+            assert f"{tk:,}" in cards["tokens"] and f"{wt:,}" in cards["wasted-tokens"]
+            assert f"({100 * wt / tk:.1f}%)" in cards["wasted-tokens"]
+        else:
+            assert "tokens" not in cards and "wasted-tokens" not in cards
     assert_no_console_errors(browser)

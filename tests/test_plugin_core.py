@@ -413,7 +413,8 @@ def test_a_token_plan_is_taken_as_it_is_and_unused_hints_are_counted(tmp_path):
     plan = Plan("p", 0, "default", 8, 6, items, token_budget=1200, expected_tokens=1100.0)
     local = s._localise(0, plan, 8)
     assert local.prompt_ids == [IDS[0], IDS[1]] and local.rollouts == [4, 2]
-    assert s.stats.extra["max_new_tokens_hints_unused"] == 1
+    assert s.stats.extra["hints_unused"] == 1 and local.hint(IDS[0]) == 2048 and local.hint(IDS[1]) is None
+    assert s.figures()["rollplan/hints_unused"] == 1.0 and local.token_budget == 1200
     rollout_plan = Plan("q", 1, "default", 3, 6, items[:1])
     assert len(s._localise(1, rollout_plan, 3).prompt_ids) == 3  # a rollout plan is still filled
     s.close(timeout=5)

@@ -201,3 +201,33 @@ def test_two_engine_processes_report_each_group_once(server_factory, tmp_path, m
         for (step, pid), rewards in expected.items():
             assert [h["rewards"] for h in rp.get_prompt("orl2", pid)["history"] if h["step"] == step] == [rewards]
     sched.close()
+
+
+def test_prompt_loader_asks_for_hints_and_counts_them_unused(server_factory, tmp_path):
+    """``max_new_tokens`` (``--rollplan.max_new_tokens``): plans are asked with the generation
+    limit; once reports show truncation the items carry hints, which OpenRLHF (one limit a
+    batch) cannot apply: counted unused, in the logged figures too."""
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.openrlhf import RollplanPromptLoader, prompt_ids
+
+    srv = server_factory().start()
+    ds = _prompt_dataset()
+    sched = RollplanScheduler("orl-hints", prompt_ids(ds, "q/"), url=srv.url, rollouts_per_prompt=N,
+                              min_rollouts=N, max_rollouts=N, spool_dir=tmp_path, reporter="test")
+    loader = RollplanPromptLoader(ds, sched, batch_size=B, n_samples=N, max_new_tokens=64)
+    it = iter(loader)
+    first = [json.loads(next(it)[2][0])["rollplan_id"] for _ in range(B)]
+    sched.report(0, [(pid, [1.0, 0.0, 1.0, 0.0], [64] * N, [True] * N) for pid in first])
+    assert sched.flush(timeout=30) == 0
+    for _ in range(2 * B):  # step 1 (prefetched before the report) and step 2
+        next(it)
+    for fut in list(sched._plans.values()):  # step 3, prefetched (counted when it arrives)
+        fut.result()
+    with Client(srv.url) as rp:
+        hinted = sum(i.max_new_tokens == 128 for s in (1, 2, 3)
+                     for i in rp.plan("orl-hints", B, step=s, max_new_tokens=64).items)
+    assert hinted >= B
+    assert sched.stats.extra["hints_unused"] == hinted and sched.stats.extra["hints_applied"] == 0
+    fig = sched.figures()
+    assert fig["rollplan/hints_unused"] == hinted and fig["rollplan/hints_applied"] == 0
+    sched.close(timeout=10)

@@ -485,3 +485,101 @@ def test_no_embeddings_sent_by_default(server_factory, tmp_path):
     assert "embeddings_sent" not in trainer.rollplan.stats.extra
     assert "embeddings_computed" not in trainer.rollplan.stats.extra
     trainer.rollplan.close()
+
+
+def _generate_limits(trainer) -> list[tuple[int, int]]:
+    """Wrap the model's ``generate``: the list gets each call's (sequences, max_new_tokens)."""
+    calls: list[tuple[int, int]] = []
+    model = trainer.model
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        calls.append((int(kwargs["input_ids"].shape[0]), int(kwargs["generation_config"].max_new_tokens)))
+        return original(*args, **kwargs)
+
+    model.generate = generate
+    return calls
+
+
+def test_token_budget_plans_are_honoured(server_factory, tmp_path):
+    """``rollplan_token_budget``: every plan request carries the budget (the stored plans
+    are token plans); a plan of fewer prompts than the generation batch (step 0: nothing
+    reported yet, 512 expected tokens a completion, so one prompt x 2 fits 1,100) fills
+    the free slots with pad prompts that are not generated (a bare EOS), not rewarded and
+    not reported: the trained and reported prompts are exactly the plan's."""
+    srv = server_factory().start()
+    rec = Recorder()
+    run, budget, steps = "trl-tokens", 1_100, 4
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=steps, run_id=run, rollplan_token_budget=budget)
+    generated = _count_generated(trainer)
+    trainer.train()
+    assert trainer.rollplan.stats.fallback_plans == 0
+    padded = planned_rows = 0
+    with Client(srv.url) as rp:
+        for call in rec.calls:
+            step = call["step"][0]
+            plan = rp.plan(run, B, step=step, token_budget=budget)  # the stored plan, asked the same way
+            assert not plan.created and plan.token_budget == budget and plan.expected_tokens <= budget
+            planned = {i.prompt_id for i in plan.items}
+            assert 1 <= len(planned) <= B
+            assert sorted(p for p in call["ids"] if p in planned) == sorted(p for p in planned for _ in range(G))
+            pads = [k for k, p in enumerate(call["ids"]) if p not in planned]
+            assert len(pads) == (B - len(planned)) * G
+            assert all(call["lengths"][k] == 1 for k in pads)  # not generated
+            padded += len(pads) > 0
+            planned_rows += len(planned) * G
+            for pid in {call["ids"][k] for k in pads}:
+                assert all(h["step"] != step for h in rp.get_prompt(run, pid)["history"])
+            for pid in planned:
+                assert [h["step"] for h in rp.get_prompt(run, pid)["history"]].count(step) == 1
+        assert padded >= 1  # step 0 at least
+        assert rp.get_run(run).stats["rollouts"] == planned_rows
+    assert sum(generated) == planned_rows
+    trainer.rollplan.close()
+
+
+@pytest.mark.parametrize("applicable", [True, False])
+def test_max_new_tokens_hints_applied_or_counted_unused(server_factory, tmp_path, applicable):
+    """``rollplan_hints=True``: plans are asked with ``max_new_tokens`` = max_completion_length
+    (6); once the run's reports show truncation the items carry a hint (12) and, on
+    transformers' generate, the hinted rows are generated with that limit (seen at the
+    model's ``generate``); truncation is then judged against the applied limit. Where the
+    path cannot apply them (here forced) they are counted unused and every row keeps 6.
+    Both counts reach the trainer's logs (``rollplan/hints_applied`` / ``_unused``)."""
+    srv = server_factory().start()
+    rec = Recorder()
+    run, steps = f"trl-hints-{applicable}", 5
+    trainer = _trainer(tmp_path, srv.url, rec, max_steps=steps, run_id=run, rollplan_hints=True)
+    if not applicable:
+        trainer._can_apply_hints = lambda images, multimodal: False
+    calls = _generate_limits(trainer)
+    trainer.train()
+    hinted_items, hinted_steps = 0, 0
+    with Client(srv.url) as rp:
+        for call in rec.calls:
+            step = call["step"][0]
+            plan = rp.plan(run, B, step=step, max_new_tokens=6)
+            hints = {i.prompt_id: i.max_new_tokens for i in plan.items}
+            hinted = [p for p, h in hints.items() if h is not None]
+            assert all(hints[p] == 12 for p in hinted)
+            hinted_items += len(hinted)
+            hinted_steps += bool(hinted)
+            limit = {p: (12 if applicable and hints[p] else 6) for p in hints}
+            assert all(n <= limit[p] for p, n in zip(call["ids"], call["lengths"]))
+            for pid in hints:
+                (h,) = [h for h in rp.get_prompt(run, pid)["history"] if h["step"] == step]
+                lengths = [n for p, n in zip(call["ids"], call["lengths"]) if p == pid]
+                assert h["tokens"] == sum(lengths)
+                assert h["truncated"] <= sum(n >= limit[pid] for n in lengths)
+    assert hinted_steps >= 2  # the later steps, once truncation was reported
+    extra = trainer.rollplan.stats.extra
+    if applicable:
+        assert extra["hints_applied"] == hinted_items and extra.get("hints_unused", 0) == 0
+        assert sorted({m for _, m in calls}) == [6, 12]
+        assert sum(n for n, m in calls if m == 12) == hinted_items * G
+    else:
+        assert extra["hints_unused"] == hinted_items and extra.get("hints_applied", 0) == 0
+        assert {m for _, m in calls} == {6}
+    logged = [h for h in trainer.state.log_history if "rollplan/hints_applied" in h]
+    assert logged and logged[-1]["rollplan/hints_applied" if applicable else "rollplan/hints_unused"] > 0
+    trainer.rollplan.close()

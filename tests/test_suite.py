@@ -185,3 +185,29 @@ def test_merge_gives_a_pooled_learner_world_one_target(tmp_path):
     by = {r["arm"]: r for r in res["runs"]}
     assert by["a"]["rollouts_to_target"] == 200 and by["uniform"]["rollouts_to_target"] == 300
     assert by["oracle"]["rollouts_to_target"] == 100
+
+
+def test_suite_smoke_reports_tokens_on_the_cost_world(tmp_path):
+    """The cost world in the suite: per budget arm, tokens to the target beside rollouts to the
+    target and the share of tokens in zero-signal groups; kept out of the matrix, so the sim
+    world's best worst case is still chosen; a merge re-summarises it from its runs."""
+    from rollplan.benchmarks import cost
+
+    a = tmp_path / "a"
+    res = suite.main(["--smoke", "--worlds", "sim-base,sim-cost", "--arms", "uniform,oracle,default", "--workers", "1",
+                      "--out", str(a)])
+    on_disk = json.loads((a / "suite.json").read_text())
+    assert set(on_disk["summary"]) == {"sim-base"} and set(on_disk["cost"]) == {"sim-cost"}
+    table = on_disk["cost"]["sim-cost"]
+    assert list(table) == list(suite.COST_ARMS)
+    for row in table.values():
+        assert row["tokens"] > row["rollouts"] > 0 and 0.0 <= row["zero_signal_token_share"] <= 1.0
+        assert {"tokens_to_target", "rollouts_to_target", "truncated_share"} <= set(row)
+    assert table["rollouts"]["tokens_to_target"] is not None  # the target is the rollout arm's
+    assert table["tokens+hints"]["truncated_share"] < table["tokens"]["truncated_share"]
+    assert res["best_worst_case"] == "default"
+    assert on_disk["worlds"]["sim-cost"]["kind"] == "cost" and on_disk["worlds"]["sim-cost"]["target"] > 0
+    assert {r["world"] for r in on_disk["runs"]} == {"sim-base", "sim-cost"}
+    merged = suite.main(["--merge", str(a / "suite.json"), "--out", str(tmp_path / "m")])
+    assert merged["cost"]["sim-cost"]["tokens"]["tokens"] == pytest.approx(table["tokens"]["tokens"])
+    assert set(cost.ARMS) < set(merged["cost"]["sim-cost"])

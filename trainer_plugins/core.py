@@ -127,6 +127,8 @@ def round_significant(values: Iterable[float], digits: int = 4) -> list[float]:
 _SHARED: dict[str, RollplanScheduler] = {}
 _SHARED_LOCK = threading.Lock()
 MAX_COMPLETION_TOKENS = 1 << 20  # the service's bound on a report's completion length
+# A plan request's (batch_size, rollout_budget, token_budget, max_new_tokens).
+PlanArgs = tuple[int, int | None, int | None, int | None]
 
 
 def shared_scheduler(run_id: str, make: Callable[[], RollplanScheduler] | None = None) -> RollplanScheduler | None:
@@ -176,7 +178,10 @@ class LocalPlan:
 
     ``source`` is ``"service"`` or ``"uniform"`` (the local fallback; ``plan_id`` None).
     ``predicted_pass_rates[i]`` is the service's predicted pass rate of ``indices[i]``
-    (None for a prompt filled in locally); None for a uniform plan.
+    (None for a prompt filled in locally); None for a uniform plan. ``max_new_tokens[i]``:
+    the service's generation-limit hint for ``indices[i]`` (None: no hint); None when no
+    item has one. ``token_budget``: the plan was asked in tokens (it may hold fewer prompts
+    than the batch).
     """
 
     step: int
@@ -186,6 +191,14 @@ class LocalPlan:
     plan_id: str | None
     source: str
     predicted_pass_rates: list[float | None] | None = None
+    max_new_tokens: list[int | None] | None = None
+    token_budget: int | None = None
+
+    def hint(self, prompt_id: str) -> int | None:
+        """The generation-limit hint of ``prompt_id`` in this plan (None: none, or not planned)."""
+        if self.max_new_tokens is None or prompt_id not in self.prompt_ids:
+            return None
+        return self.max_new_tokens[self.prompt_ids.index(prompt_id)]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -296,7 +309,7 @@ class RollplanScheduler:
         self._online = True
         self._attached = False
         self._plans: dict[int, Future[LocalPlan]] = {}
-        self._plan_args: dict[int, tuple[int, int | None]] = {}
+        self._plan_args: dict[int, PlanArgs] = {}
         self._prefetch = prefetch
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollplan-plan")
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -308,6 +321,9 @@ class RollplanScheduler:
         self._figures: dict[str, float] = {}
         self._rollouts_reported = 0
         self._plan_ms: float | None = None
+        # Set by a plugin that applies max_new_tokens hints itself (and counts them).
+        self.applies_hints = False
+        self._hints_asked = False
         self._sender = threading.Thread(target=self._send_loop, name="rollplan-report", daemon=True)
         self._sender.start()
         self._closed = False
@@ -387,8 +403,22 @@ class RollplanScheduler:
         return True
 
     # -- plans ----------------------------------------------------------------------
-    def plan(self, step: int, batch_size: int, rollout_budget: int | None = None) -> LocalPlan:
+    def plan(
+        self,
+        step: int,
+        batch_size: int,
+        rollout_budget: int | None = None,
+        *,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> LocalPlan:
         """The plan of ``step`` (prefetched when possible); then prefetches ``step + 1``.
+
+        ``token_budget``: ask a plan in tokens (``PlanIn.token_budget``; it may hold fewer
+        than ``batch_size`` prompts). ``max_new_tokens``: the trainer's generation limit,
+        sent so that often-truncated items carry a hint (``LocalPlan.max_new_tokens``).
+        Hints are counted as unused (``stats.extra["hints_unused"]``) unless
+        ``applies_hints`` is set, when the caller counts them (:meth:`count_hints`).
 
         Never raises because of the service: falls back to a uniform plan. With a
         ``broadcast`` function every rank must call it for the same steps in the same
@@ -398,13 +428,15 @@ class RollplanScheduler:
         plan: LocalPlan | BaseException | None = None
         if self._broadcast is None or self.leader:
             try:
-                plan = self._take(step, batch_size, rollout_budget).result()
+                plan = self._take(step, (batch_size, rollout_budget, token_budget, max_new_tokens)).result()
             except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
                 if self._broadcast is None:
                     raise
                 plan = exc
             if self._prefetch and not isinstance(plan, BaseException):
-                self.prefetch(step + 1, batch_size, rollout_budget)
+                self.prefetch(
+                    step + 1, batch_size, rollout_budget, token_budget=token_budget, max_new_tokens=max_new_tokens
+                )
         if self._broadcast is not None:
             plan = self._broadcast(plan)
         if isinstance(plan, BaseException):
@@ -414,34 +446,59 @@ class RollplanScheduler:
             self.stats.extra["plans_from_leader"] = self.stats.extra.get("plans_from_leader", 0) + 1
         return plan
 
-    def prefetch(self, step: int, batch_size: int, rollout_budget: int | None = None) -> None:
+    def prefetch(
+        self,
+        step: int,
+        batch_size: int,
+        rollout_budget: int | None = None,
+        *,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> None:
         """Start fetching the plan of ``step`` in the background."""
+        args = (batch_size, rollout_budget, token_budget, max_new_tokens)
         with self._lock:
             if step not in self._plans and not self._closed:
-                self._plan_args[step] = (batch_size, rollout_budget)
-                self._plans[step] = self._pool.submit(self._fetch, step, batch_size, rollout_budget)
+                self._plan_args[step] = args
+                self._plans[step] = self._pool.submit(self._fetch, step, *args)
 
-    def _take(self, step: int, batch_size: int, rollout_budget: int | None) -> Future[LocalPlan]:
+    def _take(self, step: int, args: PlanArgs) -> Future[LocalPlan]:
         with self._lock:
             fut = self._plans.pop(step, None)
-            args = self._plan_args.pop(step, None)
+            had = self._plan_args.pop(step, None)
             for old in [s for s in self._plans if s < step]:  # never consumed: drop
                 self._plans.pop(old)
                 self._plan_args.pop(old, None)
-        if fut is None or args != (batch_size, rollout_budget):
+        if fut is None or had != args:
             done: Future[LocalPlan] = Future()
-            done.set_result(self._fetch(step, batch_size, rollout_budget))
+            done.set_result(self._fetch(step, *args))
             return done
         return fut
 
-    def _fetch(self, step: int, batch_size: int, rollout_budget: int | None) -> LocalPlan:
+    def _fetch(
+        self,
+        step: int,
+        batch_size: int,
+        rollout_budget: int | None,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> LocalPlan:
         if batch_size > len(self.ids):
             raise ValueError(f"batch_size {batch_size} is larger than the dataset ({len(self.ids)} prompts)")
         try:
             if not self._ensure_attached():
                 return self._uniform(step, batch_size, rollout_budget)
             started = time.perf_counter()
-            plan = self._api().plan(self.run_id, batch_size, rollout_budget=rollout_budget, step=step)
+            if max_new_tokens is not None:
+                self._hints_asked = True
+            plan = self._api().plan(
+                self.run_id,
+                batch_size,
+                rollout_budget=rollout_budget,
+                step=step,
+                token_budget=token_budget,
+                max_new_tokens=max_new_tokens,
+            )
             self._plan_ms = 1000 * (time.perf_counter() - started)
         except RollplanUnavailable as exc:
             self._went_down(f"plan step {step}", exc)
@@ -459,19 +516,19 @@ class RollplanScheduler:
 
     def _localise(self, step: int, plan: Any, batch_size: int) -> LocalPlan:
         indices, pids, rollouts, predicted = [], [], [], []
+        hints: list[int | None] = []
         for item in plan.items:
             if item.prompt_id in self.ids:
                 indices.append(self.ids.index(item.prompt_id))
                 pids.append(item.prompt_id)
                 rollouts.append(item.rollouts)
                 predicted.append(item.predicted_pass_rate)
+                hints.append(getattr(item, "max_new_tokens", None))
             else:
                 self.stats.unknown_planned_prompts += 1
-        hinted = sum(getattr(i, "max_new_tokens", None) is not None for i in plan.items)
-        if hinted:  # no plugin sets a per-prompt generation limit (yet): counted as unused
-            self.stats.extra["max_new_tokens_hints_unused"] = (
-                self.stats.extra.get("max_new_tokens_hints_unused", 0) + hinted
-            )
+        hinted = sum(h is not None for h in hints)
+        if hinted and not self.applies_hints:  # this trainer sets one limit per batch: unused
+            self.count_hints(0, hinted)
         # A plan in tokens may hold fewer prompts than the batch: that is its answer.
         missing = 0 if getattr(plan, "token_budget", None) is not None else batch_size - len(indices)
         if missing > 0:  # the run's pool holds prompts this dataset lacks: fill uniformly
@@ -484,8 +541,28 @@ class RollplanScheduler:
                 pids.append(self.ids.id(i))
                 rollouts.append(self.rollouts_per_prompt)
                 predicted.append(None)
+                hints.append(None)
         self.stats.service_plans += 1
-        return LocalPlan(step, indices, pids, rollouts, plan.plan_id, "service", predicted)
+        return LocalPlan(
+            step,
+            indices,
+            pids,
+            rollouts,
+            plan.plan_id,
+            "service",
+            predicted,
+            hints if hinted else None,
+            getattr(plan, "token_budget", None),
+        )
+
+    def count_hints(self, applied: int, unused: int) -> None:
+        """Count generation-limit hints the trainer applied and those it could not apply
+        (``stats.extra["hints_applied"]`` / ``["hints_unused"]``, and the figures
+        ``rollplan/hints_applied`` / ``rollplan/hints_unused``)."""
+        with self._lock:
+            extra = self.stats.extra
+            extra["hints_applied"] = extra.get("hints_applied", 0) + applied
+            extra["hints_unused"] = extra.get("hints_unused", 0) + unused
 
     def _uniform(self, step: int, batch_size: int, rollout_budget: int | None) -> LocalPlan:
         """Plain uniform sampling without replacement, identical on every rank for a step."""
@@ -589,6 +666,9 @@ class RollplanScheduler:
         with self._lock:
             out = dict(self._figures)
             out[FIGURE_PREFIX + "fallback_plans"] = float(self.stats.fallback_plans)
+            if self._hints_asked or "hints_unused" in self.stats.extra:
+                for key in ("hints_applied", "hints_unused"):
+                    out[FIGURE_PREFIX + key] = float(self.stats.extra.get(key, 0))
             if self._plan_ms is not None:
                 out[FIGURE_PREFIX + "plan_latency_ms"] = self._plan_ms
             return out

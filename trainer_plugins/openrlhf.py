@@ -14,7 +14,10 @@ OpenRLHF's own ``train_ppo_ray`` entry point with the trainer actor swapped for
         ... (every other train_ppo_ray flag as usual)
 
 ``--rollplan.*`` flags (or ``ROLLPLAN_*`` variables): ``run_id``, ``url``, ``api_key``,
-``strategy``, ``id_prefix``, ``spool_dir``. Prompt ids: a label column whose values are
+``strategy``, ``id_prefix``, ``spool_dir``, ``max_new_tokens`` (the generation limit you
+give OpenRLHF: sent with each plan request so that often-truncated items carry a
+``max_new_tokens`` hint; OpenRLHF generates a batch with one limit, so the hints are counted
+unused, ``rollplan/hints_unused`` in the logged figures). Prompt ids: a label column whose values are
 ``{"rollplan_id": ..., "label": ...}`` JSON gives them; otherwise they are
 ``f"{id_prefix}{row index}"`` of the prompt dataset (stable while its order is). They reach the Ray actors as environment variables of the job.
 
@@ -64,7 +67,7 @@ __all__ = ["RollplanPromptLoader", "main", "rollplan_trainer_class"]
 
 logger = logging.getLogger("rollplan.plugins.openrlhf")
 
-_FLAGS = ("run_id", "url", "api_key", "strategy", "id_prefix", "spool_dir")
+_FLAGS = ("run_id", "url", "api_key", "strategy", "id_prefix", "spool_dir", "max_new_tokens")
 
 
 class RollplanPromptLoader:
@@ -78,8 +81,16 @@ class RollplanPromptLoader:
     OpenRLHF's progress bar and ``max_steps`` expect; ``state_dict`` checkpoints the step.
     """
 
-    def __init__(self, dataset: Any, scheduler: RollplanScheduler, batch_size: int, n_samples: int) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        scheduler: RollplanScheduler,
+        batch_size: int,
+        n_samples: int,
+        max_new_tokens: int | None = None,
+    ) -> None:
         self.dataset = dataset
+        self.max_new_tokens = max_new_tokens
         self.scheduler = scheduler
         self.batch_size = batch_size
         self.n_samples = n_samples
@@ -97,7 +108,7 @@ class RollplanPromptLoader:
         end = (self._step // self.steps_per_episode + 1) * self.steps_per_episode  # one episode
         while self._step < end:
             step = self._step
-            plan = self.scheduler.plan(step, self.batch_size)
+            plan = self.scheduler.plan(step, self.batch_size, max_new_tokens=self.max_new_tokens)
             self.plans = {step: plan}
             while self._pos < len(plan):
                 pos = self._pos
@@ -168,8 +179,13 @@ def rollplan_trainer_class() -> Any:
             dataset = self.prompts_dataloader.dataset
             args_ = self.args
             self.rollplan = scheduler_from_env(dataset, args_.rollout.n_samples_per_prompt)
+            limit = os.environ.get("ROLLPLAN_MAX_NEW_TOKENS")
             loader = RollplanPromptLoader(
-                dataset, self.rollplan, args_.rollout.batch_size, args_.rollout.n_samples_per_prompt
+                dataset,
+                self.rollplan,
+                args_.rollout.batch_size,
+                args_.rollout.n_samples_per_prompt,
+                max_new_tokens=int(limit) if limit else None,
             )
             self.prompts_dataloader = loader
             self.samples_generator.prompts_dataloader = loader

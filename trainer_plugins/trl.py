@@ -57,6 +57,28 @@ or FSDP every row is generated and the extra ones masked (set
 ``rollplan_generate_planned_only=False`` to always do that). Iterable datasets are not
 supported.
 
+Budgets in tokens (``rollplan_token_budget=T``): every plan is asked with ``token_budget=T``
+(the expected completion tokens of the generation batch). Such a plan may hold fewer
+prompts than the generation batch, whose size TRL fixes: the free slots are *pad* slots,
+seeded prompts not in the plan (the same on every rank) planned for 0 rollouts, handled
+like ``rollplan_mask_to_plan``'s extra rows: a bare EOS completion where generation can be
+skipped (otherwise generated and masked), NaN rewards (zero advantage; the reward functions
+still see the rows), never reported. With ``num_generations`` fixed the plan chooses which
+prompts fit; with ``rollplan_mask_to_plan`` also how many rollouts each.
+
+Generation-limit hints (``rollplan_hints=True``; off by default): plans are asked with
+``max_new_tokens = max_completion_length``, so that an item whose completions are often
+truncated carries a larger limit (the service's hint: twice the limit), at most
+``rollplan_hint_cap`` when set. With transformers' ``generate`` on text prompts, no tools
+and no ZeRO-3/FSDP, the hinted rows are generated in their own ``generate`` call with that
+``max_new_tokens`` (the others keep ``max_completion_length``), and their truncation flag is
+judged against the limit they were generated with. vLLM, continuous batching, images,
+tools and sharded generation take one limit per batch: the hints are left unused. The main
+process counts each step's hinted items once as applied or unused:
+``stats.extra["hints_applied"]`` / ``["hints_unused"]`` and the logged figures
+``rollplan/hints_applied`` / ``rollplan/hints_unused`` (cumulative). A longer limit needs
+more memory for generation and the loss: cap it where that matters.
+
 Logs, both ways (no user code): every ``log`` of the trainer (``logging_steps``) gets
 Rollplan's figures of the latest reported step under ``rollplan/...`` keys (effective
 ratio, wasted rollouts, all-pass / all-fail, cumulative rollouts, plan latency, per-domain
@@ -154,8 +176,14 @@ class RollplanSampler(_TorchSampler):
         batch_size: int,
         repeat_count: int = 1,
         rollout_budget: int | None = None,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
+        seed: int = 0,
     ) -> None:
         self.scheduler = scheduler
+        self.token_budget = token_budget
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
         self.num_samples = num_samples
         self.num_generations = num_generations
         self.batch_size = batch_size
@@ -168,6 +196,7 @@ class RollplanSampler(_TorchSampler):
                 f"the dataset ({num_samples} prompts) is smaller than one generation batch ({batch_size} prompts)"
             )
         self.plans: dict[int, LocalPlan] = {}
+        self.pads: dict[int, list[int]] = {}  # step -> the pad slots' dataset indices
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -178,21 +207,48 @@ class RollplanSampler(_TorchSampler):
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         first = self.epoch * self.draws_per_epoch
         for step in range(first, first + self.draws_per_epoch):
-            plan = self.scheduler.plan(step, self.batch_size, self.rollout_budget)
+            plan = self.scheduler.plan(
+                step,
+                self.batch_size,
+                self.rollout_budget,
+                token_budget=self.token_budget,
+                max_new_tokens=self.max_new_tokens,
+            )
             self.plans[step] = plan
+            self.pads[step] = pads = self._pads(step, plan)
             for old in [s for s in self.plans if s < step - 8]:
                 del self.plans[old]
+                self.pads.pop(old, None)
             for _ in range(self.repeat_count):
-                for index in plan.indices:
+                for index in list(plan.indices) + pads:
                     for copy in range(self.num_generations):
                         yield (step, index, copy)
+
+    def _pads(self, step: int, plan: LocalPlan) -> list[int]:
+        """A plan in tokens may hold fewer prompts than the generation batch, whose size TRL
+        fixes: the free slots take seeded prompts not in the plan (the same on every rank),
+        with no rollout planned (masked: not generated where TRL allows, not rewarded, not
+        reported)."""
+        missing = self.batch_size - len(plan.indices)
+        if missing <= 0:
+            return []
+        taken = set(plan.indices)
+        rng = random.Random(f"{self.seed}-{step}-pad")
+        return rng.sample([i for i in range(self.num_samples) if i not in taken], missing)
 
     def planned_rollouts(self, step: int, prompt_id: str) -> int | None:
         """The rollouts the plan of ``step`` gives ``prompt_id`` (None if unknown)."""
         plan = self.plans.get(step)
-        if plan is None or prompt_id not in plan.prompt_ids:
+        if plan is None:
             return None
+        if prompt_id not in plan.prompt_ids:
+            pads = self.pads.get(step) or []
+            return 0 if any(self.scheduler.ids.id(i) == prompt_id for i in pads) else None
         return plan.rollouts[plan.prompt_ids.index(prompt_id)]
+
+    def padded(self, step: int) -> bool:
+        """Whether the generation batch of ``step`` has pad slots."""
+        return bool(self.pads.get(step))
 
 
 class StepTaggedDataset(_TorchDataset):
@@ -231,6 +287,9 @@ class RollplanGRPOTrainer(_GRPOTrainer):
     - ``rollplan_mask_to_plan`` / ``rollplan_min_rollouts`` / ``rollplan_rollout_budget``
       (total rollouts per generation batch the plan spreads, default prompts x
       ``num_generations``): see the module notes.
+    - ``rollplan_token_budget``: plan each generation batch in tokens; ``rollplan_hints``
+      (default False) / ``rollplan_hint_cap``: ask for and apply ``max_new_tokens`` hints:
+      see the module notes.
     - ``rollplan_embeddings`` (default False): send each prompt's policy embedding when it
       is first planned; ``rollplan_embedding_dim`` (default 256) its dimension;
       ``rollplan_embedding_refresh_every`` (default 0: never) re-embed, every that many
@@ -259,6 +318,9 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rollplan_generate_planned_only: bool = True,
         rollplan_min_rollouts: int = 2,
         rollplan_rollout_budget: int | None = None,
+        rollplan_token_budget: int | None = None,
+        rollplan_hints: bool = False,
+        rollplan_hint_cap: int | None = None,
         rollplan_embeddings: bool = False,
         rollplan_embedding_dim: int = 256,
         rollplan_embedding_refresh_every: int = 0,
@@ -279,6 +341,17 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         self.rollplan_mask_to_plan = rollplan_mask_to_plan
         self.rollplan_generate_planned_only = rollplan_generate_planned_only
         self.rollplan_rollout_budget = rollplan_rollout_budget
+        if rollplan_token_budget is not None and rollplan_token_budget < 1:
+            raise ValueError(f"rollplan_token_budget must be >= 1: {rollplan_token_budget}")
+        if rollplan_hint_cap is not None and rollplan_hint_cap < 1:
+            raise ValueError(f"rollplan_hint_cap must be >= 1: {rollplan_hint_cap}")
+        self.rollplan_token_budget = rollplan_token_budget
+        self.rollplan_hints = rollplan_hints
+        self.rollplan_hint_cap = rollplan_hint_cap
+        self._rollplan_limits: list[int | None] | None = None  # per row of the generation batch
+        self._rollplan_row_limits: list[int] | None = None  # the limits the rows were generated with
+        self._rollplan_gen_step: int | None = None
+        self._rollplan_hints_counted: set[int] = set()
         if not 1 <= rollplan_embedding_dim <= MAX_EMBEDDING_DIM:
             raise ValueError(f"rollplan_embedding_dim must be 1-{MAX_EMBEDDING_DIM}: {rollplan_embedding_dim}")
         if rollplan_embedding_refresh_every < 0 or rollplan_embedding_refresh_sample < 1:
@@ -324,6 +397,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             leader=acc.is_main_process,
             **options,
         )
+        self.rollplan.applies_hints = True  # counted per step in _rollplan_count_hints
         if acc.is_main_process:
             self.rollplan.attach()  # uploads the prompt ids; never raises for an outage
         acc.wait_for_everyone()
@@ -352,6 +426,9 @@ class RollplanGRPOTrainer(_GRPOTrainer):
             batch_size=generation_batch_size // self.num_generations,
             repeat_count=self.num_iterations * steps_per_generation,
             rollout_budget=self.rollplan_rollout_budget,
+            token_budget=self.rollplan_token_budget,
+            max_new_tokens=self.args.max_completion_length if self.rollplan_hints else None,
+            seed=self.args.seed,
         )
         return self._rollplan_sampler
 
@@ -365,7 +442,7 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         rows = gather_object([(int(x[STEP_KEY]), str(x[ID_KEY]), int(x.get(COPY_KEY, 0))) for x in inputs])
         keys = [(step, pid) for step, pid, _ in rows]
         costs = gather_object(self._completion_costs(completion_ids_list))
-        if self.rollplan_mask_to_plan:
+        if self.rollplan_mask_to_plan or self._rollplan_padded(rows):
             rewards_per_func = self._mask_to_plan(rewards_per_func, rows)
         if self.accelerator.is_main_process:
             try:
@@ -374,16 +451,24 @@ class RollplanGRPOTrainer(_GRPOTrainer):
                 logger.exception("Rollplan: could not queue the rewards of this batch")
         return rewards_per_func
 
+    def _rollplan_padded(self, rows) -> bool:
+        sampler = self._rollplan_sampler
+        return sampler is not None and any(sampler.padded(step) for step in {r[0] for r in rows})
+
     def _completion_costs(self, completion_ids_list) -> list[tuple[int, bool]]:
         """(tokens, truncated) of each completion of this rank: its length (the ids up to
-        and with the EOS, as TRL scores them) and whether generation stopped at
-        ``max_completion_length`` without an EOS."""
-        limit = self.args.max_completion_length
+        and with the EOS, as TRL scores them) and whether generation stopped at its limit
+        (``max_completion_length``, or the row's applied hint) without an EOS."""
+        default = self.args.max_completion_length
+        limits = self._rollplan_row_limits
+        if limits is not None and len(limits) != len(completion_ids_list):
+            limits = None
         stop = set(self.eos_token_ids)
         out = []
-        for ids in completion_ids_list:
+        for k, ids in enumerate(completion_ids_list):
             ids = list(ids)
             n = len(ids)
+            limit = default if limits is None else limits[k]
             out.append((n, limit is not None and n >= limit and (n == 0 or int(ids[-1]) not in stop)))
         return out
 
@@ -403,25 +488,65 @@ class RollplanGRPOTrainer(_GRPOTrainer):
 
     # -- generation: only the planned completions -----------------------------------
     def _generate_and_score_completions(self, inputs):
-        if self.rollplan_embeddings and self.model.training and inputs and int(inputs[0].get(STEP_KEY, -1)) >= 0:
+        training = self.model.training and bool(inputs) and int(inputs[0].get(STEP_KEY, -1)) >= 0
+        if self.rollplan_embeddings and training:
             try:
                 self._rollplan_send_embeddings(int(inputs[0][STEP_KEY]))
             except Exception:  # noqa: BLE001 - the scheduler never crashes training
                 logger.exception("Rollplan: could not compute or queue the prompt embeddings")
-        if (
-            self.rollplan_mask_to_plan
-            and self.rollplan_generate_planned_only
-            and self.model.training
-            and inputs
-            and STEP_KEY in inputs[0]
-        ):
-            self._rollplan_keep = [
-                int(x.get(COPY_KEY, 0)) < self._planned(int(x[STEP_KEY]), str(x[ID_KEY])) for x in inputs
-            ]
+        sampler = self._rollplan_sampler
+        if training:
+            steps = {int(x[STEP_KEY]) for x in inputs}
+            self._rollplan_gen_step = min(steps)
+            padded = sampler is not None and any(sampler.padded(s) for s in steps)
+            if (self.rollplan_mask_to_plan or padded) and self.rollplan_generate_planned_only:
+                self._rollplan_keep = [
+                    int(x.get(COPY_KEY, 0)) < self._planned(int(x[STEP_KEY]), str(x[ID_KEY])) for x in inputs
+                ]
+            if self.rollplan_hints and sampler is not None:
+                self._rollplan_limits = [self._rollplan_hint(int(x[STEP_KEY]), str(x[ID_KEY])) for x in inputs]
         try:
             return super()._generate_and_score_completions(inputs)
         finally:
+            if training and self._rollplan_gen_step is not None:
+                self._rollplan_count_hints(self._rollplan_gen_step, applied=False)  # (no-op once counted)
             self._rollplan_keep = None
+            self._rollplan_limits = None
+            self._rollplan_row_limits = None
+            self._rollplan_gen_step = None
+
+    def _rollplan_hint(self, step: int, prompt_id: str) -> int | None:
+        """The generation limit to apply to ``prompt_id``'s rows at ``step``: the plan's
+        ``max_new_tokens`` hint, at most ``rollplan_hint_cap``, when above the trainer's
+        own limit (None: the trainer's limit)."""
+        sampler = self._rollplan_sampler
+        plan = sampler.plans.get(step) if sampler is not None else None
+        hint = plan.hint(prompt_id) if plan is not None else None
+        if hint is None:
+            return None
+        if self.rollplan_hint_cap is not None:
+            hint = min(hint, self.rollplan_hint_cap)
+        default = self.args.max_completion_length
+        return hint if default is None or hint > default else None
+
+    def _rollplan_count_hints(self, step: int, applied: bool) -> None:
+        """Count the hinted items of ``step``'s plan once (main process): applied, or unused
+        (a generation path that sets one limit for the batch)."""
+        if step in self._rollplan_hints_counted or not self.accelerator.is_main_process:
+            return
+        self._rollplan_hints_counted.add(step)
+        sampler = self._rollplan_sampler
+        plan = sampler.plans.get(step) if sampler is not None else None
+        hinted = 0 if plan is None or plan.max_new_tokens is None else sum(h is not None for h in plan.max_new_tokens)
+        if hinted:
+            self.rollplan.count_hints(hinted if applied else 0, 0 if applied else hinted)
+
+    def _can_apply_hints(self, images: Any, multimodal_fields: Any) -> bool:
+        """Per-prompt generation limits: transformers' ``generate`` on text prompts, without
+        tools (TRL's tool loop budgets ``max_completion_length``) and unsharded (each limit
+        is its own ``generate`` call; ZeRO-3 and FSDP need every rank in every call). vLLM
+        and continuous batching take one limit for the batch: the hints are unused."""
+        return self._can_skip_generation(images, multimodal_fields) and not getattr(self, "tools", None)
 
     def _can_skip_generation(self, images: Any, multimodal_fields: Any) -> bool:
         """Rows can be left out of generation with transformers' ``generate`` on plain
@@ -527,28 +652,62 @@ class RollplanGRPOTrainer(_GRPOTrainer):
         return [[float(v) for v in row] for row in matrix]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        keep = self._rollplan_keep
-        if keep is None or len(keep) != len(prompt_ids) or not self._can_skip_generation(images, multimodal_fields):
+        n = len(prompt_ids)
+        keep, limits = self._rollplan_keep, self._rollplan_limits
+        skip = keep is not None and len(keep) == n and self._can_skip_generation(images, multimodal_fields)
+        hinted = limits is not None and len(limits) == n and any(x is not None for x in limits)
+        apply = hinted and self._can_apply_hints(images, multimodal_fields)
+        if hinted and self._rollplan_gen_step is not None:
+            self._rollplan_count_hints(self._rollplan_gen_step, applied=apply)
+        if not skip and not apply:
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        kept = [k for k, flag in enumerate(keep) if flag]
-        stats = self.rollplan.stats.extra
-        stats["completions_generated"] = stats.get("completions_generated", 0) + len(kept)
-        stats["completions_skipped"] = stats.get("completions_skipped", 0) + len(keep) - len(kept)
+        kept = [k for k in range(n) if keep[k]] if skip and keep is not None else list(range(n))
+        if skip and keep is not None:
+            stats = self.rollplan.stats.extra
+            stats["completions_generated"] = stats.get("completions_generated", 0) + len(kept)
+            stats["completions_skipped"] = stats.get("completions_skipped", 0) + n - len(kept)
+        # Rows by generation limit (None: the trainer's), one generate call per limit.
+        by_limit: dict[int | None, list[int]] = {}
+        for k in kept:
+            by_limit.setdefault(limits[k] if apply and limits is not None else None, []).append(k)
+        default = self.args.max_completion_length
+        self._rollplan_row_limits = [default if x is None or not apply else x for x in (limits or [None] * n)]
         completion_ids: list[list[int]] = [[self.eos_token_ids[0]] for _ in prompt_ids]
         logprobs: list[list[float]] | None = None
-        if kept:
-            sub_ids, sub_logprobs = super()._generate_single_turn(
-                [prompt_ids[k] for k in kept], images, multimodal_fields, num_generations, has_tool_images
+        for limit, rows in by_limit.items():
+            sub_ids, sub_logprobs = self._rollplan_generate(
+                limit, [prompt_ids[k] for k in rows], images, multimodal_fields, num_generations, has_tool_images
             )
-            for k, ids in zip(kept, sub_ids, strict=True):
+            for k, ids in zip(rows, sub_ids, strict=True):
                 completion_ids[k] = ids
             if sub_logprobs is not None:
-                logprobs = [[0.0] for _ in prompt_ids]
-                for k, lp in zip(kept, sub_logprobs, strict=True):
+                if logprobs is None:
+                    logprobs = [[0.0] for _ in prompt_ids]
+                for k, lp in zip(rows, sub_logprobs, strict=True):
                     logprobs[k] = lp
         return completion_ids, logprobs
+
+    def _rollplan_generate(self, limit, prompt_ids, images, multimodal_fields, num_generations, has_tool_images):
+        """TRL's single-turn generation of ``prompt_ids`` with ``limit`` new tokens at most
+        (None: the trainer's ``max_completion_length``)."""
+        if limit is None:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        import copy
+
+        config, kwargs = self.generation_config, self.generation_kwargs
+        self.generation_config = copy.deepcopy(config)
+        self.generation_config.max_new_tokens = limit
+        self.generation_kwargs = {**(kwargs or {}), "max_new_tokens": limit}
+        try:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        finally:
+            self.generation_config, self.generation_kwargs = config, kwargs
 
     def _report_rewards(self, rewards_per_func, keys, costs=None) -> None:
         """Queue each group's rewards, with its completions' lengths and truncation flags

@@ -33,6 +33,11 @@ Config (Hydra overrides; the ``+`` adds keys verl does not declare)::
     trainer.v1.sampler.custom_sampler.name=RollplanReplayBuffer
     +trainer.v1.sampler.sampler_kwargs.rollplan_run_id=grpo-qwen-7b
 
+``+data.rollplan.hints=true`` sends ``data.max_response_length`` with each plan request, so
+that items whose completions are often truncated carry a ``max_new_tokens`` hint; verl
+generates a batch with one ``response_length``, so they are counted unused
+(``rollplan/hints_unused`` in the step's metrics).
+
 Prompt ids: ``data.rollplan.id_key`` names a column holding them; by default verl's own
 ``extra_info.index`` is used (``f"{id_prefix}{index}"``), which must then be unique.
 ``$ROLLPLAN_URL`` / ``$ROLLPLAN_API_KEY`` / ``$ROLLPLAN_RUN_ID`` fill what the config omits.
@@ -147,6 +152,11 @@ class RollplanRLHFDataset(_RLHFDataset):
             )
         self.rollplan_batch_size = int(opts.pop("batch_size", None) or config.get("train_batch_size"))
         self.rollplan_budget = opts.pop("rollout_budget", None)
+        # data.rollplan.hints: ask plans with the generation limit (data.max_response_length) so
+        # often-truncated items carry a max_new_tokens hint; verl generates with one limit, so
+        # the scheduler counts them unused (rollplan/hints_unused in the step's metrics).
+        limit = config.get("max_response_length") if opts.pop("hints", False) else None
+        self.rollplan_max_new_tokens = int(limit) if limit else None
         ids = self._prompt_ids(opts.pop("id_key", None), str(opts.pop("id_prefix", "")))
         # No URL (config or $ROLLPLAN_URL): an embedded server in data.rollplan.dir.
         url = service_url(opts.pop("url", None), opts.pop("dir", None) or "rollplan")
@@ -182,7 +192,9 @@ class RollplanRLHFDataset(_RLHFDataset):
                     raise RuntimeError(
                         "RollplanRLHFDataset: this copy has no Rollplan scheduler; use data.dataloader_num_workers=0"
                     )
-                self._current = self.rollplan.plan(step, self.rollplan_batch_size, self.rollplan_budget)
+                self._current = self.rollplan.plan(
+                    step, self.rollplan_batch_size, self.rollplan_budget, max_new_tokens=self.rollplan_max_new_tokens
+                )
             plan = self._current
             row = self[plan.indices[pos]]
             row[ROLLOUT_N_KEY] = int(plan.rollouts[pos])

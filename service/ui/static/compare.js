@@ -1,10 +1,12 @@
 /* Rollplan dashboard: the compare page, /ui/compare?runs=a,b,c (1–8 runs; the runs page
  * links here with 2–8). The runs' timelines and eval metrics overlaid, one series per run
  * and one colour per run throughout the page, on one x axis (?x=): the step, the run's
- * cumulative rollouts, or its wall time (seconds since its first step) — the union of the
- * runs' x values, with null where a run has none (uPlot needs one shared x array).
- * Then: rollouts to reach a threshold of an eval metric (?metric=, ?threshold=, ?dir=)
- * with the ratio to a baseline run (?baseline=); wasted rollouts per run; seeds grouped
+ * cumulative rollouts, its cumulative completion tokens (?x=tokens; a run whose reports
+ * carry no tokens has no points there), or its wall time (seconds since its first step) —
+ * the union of the runs' x values, with null where a run has none (uPlot needs one shared
+ * x array). Then: rollouts and tokens to reach a threshold of an eval metric (?metric=,
+ * ?threshold=, ?dir=) with the ratio to a baseline run (?baseline=; in tokens when the x
+ * axis is tokens, else in rollouts); wasted rollouts and tokens per run; seeds grouped
  * by a metadata key (?group=) into mean ± 1 sd; the runs' headline numbers and per-domain
  * batch shares. A run id that does not exist is named and left out. Every chart keeps the
  * exact series it plots in its container's data-series attribute (lineChart in
@@ -14,12 +16,14 @@
 (() => {
   const { api, apiAll, el, fmt, pct, status, lineChart, schedule, COLORS, setSmoothing, setParams, view } = RP;
   const MAX = 8;
-  const XS = { step: "step", rollouts: "cumulative rollouts", time: "wall time (s)" };
+  const XS = { step: "step", rollouts: "cumulative rollouts", tokens: "cumulative tokens", time: "wall time (s)" };
   // Chart container → [the value of one timeline step, lineChart options].
   const CHARTS = [
     ["chart-effective", s => s.effective_ratio, { y: { range: [0, 1] }, yLabel: "informative / rollouts" }],
     ["chart-informative", s => s.informative_rollouts, { yLabel: "rollouts", log: true }],
     ["chart-wasted", s => s.wasted_rollouts, { yLabel: "rollouts", log: true }],
+    ["chart-tokens", s => s.tokens, { yLabel: "tokens", log: true }],
+    ["chart-wasted-tokens", s => s.wasted_tokens, { yLabel: "tokens", log: true }],
     ["chart-reward", s => s.mean_reward, { yLabel: "mean reward" }],
     ["chart-brier", s => (s.calibration ? s.calibration.brier : null), { yLabel: "Brier" }],
     ["chart-compute", s => (s.plan ? s.plan.compute_ms : null), { yLabel: "ms", log: true }],
@@ -67,26 +71,29 @@
     return { overall, last, lastStep: latest ? latest.step : null };
   }
 
-  /* The run's x of a step: the step, the rollouts reported up to and including it, or the
-   * seconds from the run's first step to it (a metric's own write time where the
-   * timeline has no such step). */
+  /* The run's x of a step: the step, the rollouts (or completion tokens; null for a run whose
+   * reports carry none) reported up to and including it, or the seconds from the run's first
+   * step to it (a metric's own write time where the timeline has no such step). */
   function axes(steps, metrics) {
-    const cum = [], at = [];
-    let n = 0;
-    for (const s of steps) { n += s.rollouts; cum.push([s.step, n]); }
+    const cum = [], cumTok = [], at = [];
+    let n = 0, tok = 0;
+    for (const s of steps) { n += s.rollouts; tok += s.tokens || 0; cum.push([s.step, n]); cumTok.push([s.step, tok]); }
+    const hasTokens = steps.some(s => s.tokens !== null && s.tokens !== undefined);
     const times = steps.filter(s => s.time).map(s => [s.step, Date.parse(s.time)]);
     const t0 = Math.min(...times.map(t => t[1]), ...metrics.items.filter(m => m.time).map(m => Date.parse(m.time)));
     const timeOf = new Map(times);
     const metricTime = new Map(metrics.items.map(m => [m.step, m.time ? Date.parse(m.time) : null]));
-    function rolloutsAt(step) {  // the last timeline step ≤ step
-      let lo = 0, hi = cum.length - 1, best = null;
-      while (lo <= hi) { const mid = (lo + hi) >> 1; if (cum[mid][0] <= step) { best = cum[mid][1]; lo = mid + 1; } else hi = mid - 1; }
+    function cumulativeAt(points, step) {  // the last timeline step ≤ step
+      let lo = 0, hi = points.length - 1, best = null;
+      while (lo <= hi) { const mid = (lo + hi) >> 1; if (points[mid][0] <= step) { best = points[mid][1]; lo = mid + 1; } else hi = mid - 1; }
       return best === null ? 0 : best;
     }
+    const rolloutsAt = (step) => cumulativeAt(cum, step);
     for (const s of steps) at.push(s.step);
     return {
       step: (st) => st,
       rollouts: rolloutsAt,
+      tokens: (step) => (hasTokens ? cumulativeAt(cumTok, step) : null),
       time: (st) => {
         const t = timeOf.has(st) ? timeOf.get(st) : metricTime.get(st);
         return t === undefined || t === null || !Number.isFinite(t0) ? null : Math.round((t - t0) / 10) / 100;
@@ -143,12 +150,12 @@
     return out;
   }
 
-  /* The first point where the metric reaches the threshold, in rollouts (and its step). */
+  /* The first point where the metric reaches the threshold, in rollouts and tokens (and its step). */
   function reach(r, metric, threshold, dir) {
     const pts = r.metrics.items.filter(m => metric in m.values).sort((a, b) => a.step - b.step);
     for (const m of pts) {
       const v = m.values[metric];
-      if (dir === "ge" ? v >= threshold : v <= threshold) return { step: m.step, rollouts: r.ax.rollouts(m.step), value: v };
+      if (dir === "ge" ? v >= threshold : v <= threshold) return { step: m.step, rollouts: r.ax.rollouts(m.step), tokens: r.ax.tokens(m.step), value: v };
     }
     return null;
   }
@@ -274,30 +281,36 @@
       const thr = ui.threshold === "" ? NaN : Number(ui.threshold);
       const reached = new Map(runs.map(r => [r.id, Number.isFinite(thr) && metric ? reach(r, metric, thr, ui.dir) : null]));
       const base = reached.get(baseline);
+      const unit = xKey === "tokens" ? "tokens" : "rollouts";  // the ratio's unit
       document.getElementById("reach-what").textContent = Number.isFinite(thr) && metric
-        ? "first eval where " + metric + (ui.dir === "ge" ? " ≥ " : " ≤ ") + thr + "; ratio: rollouts / " + baseline + "'s"
+        ? "first eval where " + metric + (ui.dir === "ge" ? " ≥ " : " ≤ ") + thr + "; ratio: " + unit + " / " + baseline + "'s"
         : "type a threshold of the eval metric above";
       document.querySelector("#reach tbody").replaceChildren(...runs.map(r => {
         const got = reached.get(r.id);
-        const ratio = got && base && base.rollouts ? got.rollouts / base.rollouts : null;
+        const ratio = got && base && base[unit] && got[unit] !== null ? got[unit] / base[unit] : null;
         return el("tr", { "data-run": r.id, "data-rollouts": got ? String(got.rollouts) : "", "data-step": got ? String(got.step) : "",
-          "data-ratio": ratio === null ? "" : String(ratio) },
+          "data-tokens": got && got.tokens !== null ? String(got.tokens) : "", "data-ratio": ratio === null ? "" : String(ratio) },
           el("td", {}, swatch(r.index), r.id + (r.id === baseline ? " (baseline)" : "")),
           el("td", {}, got ? fmt(got.rollouts) : (Number.isFinite(thr) ? "not reached" : "–")),
+          el("td", {}, got && got.tokens !== null ? fmt(got.tokens) : "–"),
           el("td", {}, got ? String(got.step) : "–"),
           el("td", {}, got ? fmt(got.value) : "–"),
           el("td", {}, ratio === null ? "–" : ratio.toFixed(2) + "×"));
       }));
 
-      // wasted rollouts per run
+      // wasted rollouts (and tokens, where the reports carry them) per run
       document.querySelector("#waste tbody").replaceChildren(...runs.map(r => {
         const sum = (k) => r.steps.reduce((a, s) => a + (s[k] || 0), 0);
         const n = sum("rollouts"), w = sum("wasted_rollouts"), p = sum("wasted_all_solved"), fl = sum("wasted_all_failed");
         const share = (v) => (n ? pct(v / n) : "–");
-        return el("tr", { "data-run": r.id, "data-waste": JSON.stringify({ rollouts: n, wasted: w, all_pass: p, all_fail: fl }) },
+        const hasTok = r.steps.some(s => s.tokens !== null && s.tokens !== undefined);
+        const tk = hasTok ? sum("tokens") : null, wt = hasTok ? sum("wasted_tokens") : null;
+        return el("tr", { "data-run": r.id, "data-waste": JSON.stringify({ rollouts: n, wasted: w, all_pass: p, all_fail: fl,
+          tokens: tk, wasted_tokens: wt }) },
           el("td", {}, swatch(r.index), r.id), el("td", {}, fmt(n)), el("td", {}, fmt(w)), el("td", {}, share(w)),
           el("td", {}, fmt(p)), el("td", {}, share(p)), el("td", {}, fmt(fl)), el("td", {}, share(fl)),
-          el("td", {}, fmt(w - p - fl)));
+          el("td", {}, fmt(w - p - fl)), el("td", {}, tk === null ? "–" : fmt(tk)), el("td", {}, wt === null ? "–" : fmt(wt)),
+          el("td", {}, tk ? pct(wt / tk) : "–"));
       }));
 
       document.querySelector("#cards tbody").replaceChildren(...runs.map(r => {

@@ -722,6 +722,11 @@ const RP = (() => {
         card("rollouts", fmt(run.stats.rollouts), "rollouts"),
         card("effective ratio", run.stats.rollouts ? pct(run.stats.informative_rollouts / run.stats.rollouts) : "–", "effective"),
         card("wasted rollouts", fmt(run.stats.rollouts - run.stats.informative_rollouts), "wasted"),
+        // Completion tokens (runs whose reports carry them): all, and those in zero-variance groups.
+        ...(t.some(s => s.tokens !== null && s.tokens !== undefined) ? [
+          card("tokens", fmt(sum("tokens")), "tokens"),
+          card("wasted tokens", fmt(sum("wasted_tokens")) + (sum("tokens") ? " (" + pct(sum("wasted_tokens") / sum("tokens")) + ")" : ""),
+            "wasted-tokens")] : []),
         card("frontier prompts", fmt(hist.current.states.frontier), "frontier"),
         card("mean Brier", briers.length ? fmt(briers.reduce((a, b) => a + b, 0) / briers.length) : "–", "brier"),
         card("plan compute", ms.length ? fmt(ms.reduce((a, b) => a + b, 0) / ms.length, 2) + " ms" : "–", "compute"));
