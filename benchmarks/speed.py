@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--register-chunk", type=int, default=10_000, help="prompts per request")
     ap.add_argument("--old", default=None, help="a source tree of other code (e.g. a git worktree of an older "
                     "commit): its server is measured too, alternating with this code's, register and ingest only")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register and ingest")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register and ingest "
+                    "(plans: one of each)")
     args = ap.parse_args(argv)
 
     pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000, 1_000_000])
@@ -374,15 +375,17 @@ def main(argv: list[str] | None = None) -> dict:
     }
     variants = [("new", None)] + ([("old", args.old)] if args.old else [])
     for db in args.databases.split(","):
-        if "plans" in sections:
-            with tempfile.TemporaryDirectory() as tmp, _database(db, Path(tmp)) as db_url, server(db_url, Path(tmp)) as url:
+        for variant, code in variants if "plans" in sections else []:
+            with tempfile.TemporaryDirectory() as tmp, _database(db, Path(tmp)) as db_url, \
+                    server(db_url, Path(tmp), code=code) as url:
                 for pool in pools:
                     for strategy in ("default", "uniform"):
                         row = bench_plans(url, pool, min(batch, pool), budget, repeats, strategy)
-                        row.update(db=db, pool=pool, strategy=strategy,
+                        row.update(db=db, pool=pool, strategy=strategy, code=variant,
                                    argpartition_floor_s=argpartition_floor(pool, min(batch, pool) - 1))
                         results["plans"].append(row)
-                        print(f"plan {db:8s} pool={pool:>8d} {strategy:8s} new p50 {row['new_plan_p50_s']*1e3:8.2f} ms"
+                        print(f"plan {db:8s} {variant} pool={pool:>8d} {strategy:8s} "
+                              f"new p50 {row['new_plan_p50_s']*1e3:8.2f} ms"
                               f"  after a report p50 {row['reported_plan_p50_s']*1e3:8.2f} ms"
                               f"  stored p50 {row['stored_plan_p50_s']*1e3:7.2f} ms"
                               f"  argpartition {row['argpartition_floor_s']*1e3:6.2f} ms", flush=True)
@@ -467,12 +470,16 @@ def plot_latency(res: dict, path: Path) -> None:
     with axes(path, "pool size (prompts)", "p50 latency (ms)", which="both") as ax:
         if ax is None:
             return
-        for db, strategy in sorted({(r["db"], r["strategy"]) for r in res["plans"]}):
-            rows = sorted((r for r in res["plans"] if (r["db"], r["strategy"]) == (db, strategy)), key=lambda r: r["pool"])
+        new_only = [r for r in res["plans"] if r.get("code", "new") == "new"]
+        for db, strategy in sorted({(r["db"], r["strategy"]) for r in new_only}):
+            rows = sorted((r for r in new_only if (r["db"], r["strategy"]) == (db, strategy)), key=lambda r: r["pool"])
             x = [r["pool"] for r in rows]
             line, = ax.plot(x, [1e3 * r["new_plan_p50_s"] for r in rows], marker="o", label=f"{db} {strategy}: new plan")
             ax.plot(x, [1e3 * r["stored_plan_p50_s"] for r in rows], marker=".", ls=":", color=line.get_color(),
                     label=f"{db} {strategy}: stored plan")
+            if all("reported_plan_p50_s" in r for r in rows):
+                ax.plot(x, [1e3 * r["reported_plan_p50_s"] for r in rows], marker="s", ls="--",
+                        color=line.get_color(), label=f"{db} {strategy}: new plan after a report")
         floor: dict[int, list[float]] = {}
         for r in res["plans"]:
             floor.setdefault(r["pool"], []).append(r["argpartition_floor_s"])
@@ -483,14 +490,14 @@ def plot_latency(res: dict, path: Path) -> None:
 
 
 def _print_tables(res: dict) -> None:
-    print("\n| db | pool | strategy | new plan p50 (ms) | after a report p50 (ms) | × floor | stored plan p50 (ms) | "
+    print("\n| db | code | pool | strategy | new plan p50 (ms) | after a report p50 (ms) | × floor | stored plan p50 (ms) | "
           "argpartition floor, best of 25 (ms) |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for r in res["plans"]:
         after = r.get("reported_plan_p50_s")
         cells = ("| | " if after is None else
                  f"| {after*1e3:.2f} | {after / r['argpartition_floor_s']:.1f}× ")
-        print(f"| {r['db']} | {r['pool']:,} | {r['strategy']} | {r['new_plan_p50_s']*1e3:.2f} {cells}| "
+        print(f"| {r['db']} | {r.get('code', 'new')} | {r['pool']:,} | {r['strategy']} | {r['new_plan_p50_s']*1e3:.2f} {cells}| "
               f"{r['stored_plan_p50_s']*1e3:.2f} | {r['argpartition_floor_s']*1e3:.2f} |")
     def ratio(r: dict) -> str:
         if "ratio" not in r:

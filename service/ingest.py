@@ -133,7 +133,7 @@ class Ingest:
         read = repo.report_context_sql(run_id, body.report_id, body.step)
         with locked_read_session(self.sessions, run_id, read) as (s, pg_row):
             if pg_row is not None or repo.is_postgres(s):
-                row = repo.report_context_of_row(s, pg_row)
+                row = repo.context_of_row(s, pg_row)
             else:
                 row = repo.report_context(s, run_id, body.report_id, body.step)
             if row is None:

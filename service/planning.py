@@ -27,7 +27,7 @@ from .scheduling import allocation, cost
 from .scheduling import strategies as strat
 from .states import StateStore, spec_for_step
 from .storage import repository as repo
-from .storage.db import write_session
+from .storage.db import locked_read_session, write_session
 from .storage.models import Plan, Run
 
 
@@ -143,16 +143,37 @@ class Planner:
         """The run's write transaction (404 for an unknown run). A seal applied to memory
         (``_sealed``) whose event does not commit is undone by dropping the run's states:
         they refold from the log."""
-        tx = None
+        with self._forget_on_failure(run_id) as hold, write_session(self.sessions, run_id) as s:
+            run = repo.run_by_id(s, run_id)
+            if run is None:
+                raise run_not_found(run_id)
+            hold.append(_Tx(s, run))
+            yield hold[0]
+
+    @contextmanager
+    def _plan_transaction(self, run_id: str, step: int | None) -> Iterator[tuple[_Tx, int, str | None]]:
+        """``_transaction`` for a plan: the run, the step a plan without one gets and the id of
+        the step's plan if it has one, read with the run's lock in one round trip
+        (PostgreSQL) or one query after it (SQLite)."""
+        read = repo.plan_context_sql(run_id, step)
+        with self._forget_on_failure(run_id) as hold, locked_read_session(self.sessions, run_id, read) as (s, row):
+            if row is None and not repo.is_postgres(s):
+                row = repo.plan_context(s, run_id, step)
+            else:
+                row = repo.context_of_row(s, row)
+            if row is None:
+                raise run_not_found(run_id)
+            run, latest, existing = row
+            hold.append(_Tx(s, run))
+            yield hold[0], (0 if latest is None else int(latest) + 1), existing
+
+    @contextmanager
+    def _forget_on_failure(self, run_id: str) -> Iterator[list[_Tx]]:
+        hold: list[_Tx] = []
         try:
-            with write_session(self.sessions, run_id) as s:
-                run = repo.run_by_id(s, run_id)
-                if run is None:
-                    raise run_not_found(run_id)
-                tx = _Tx(s, run)
-                yield tx
+            yield hold
         except BaseException:
-            if tx is not None and tx.sealed:
+            if hold and hold[0].sealed:
                 self.store.forget(run_id)
             raise
 
@@ -169,14 +190,14 @@ class Planner:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
         tokens = body.token_budget is not None
-        with self._transaction(run_id) as tx:
+        with self._plan_transaction(run_id, body.step) as (tx, next_step, existing_id):
             s, run = tx.session, tx.run
             cfg = run.settings
             budget = body.rollout_budget or body.batch_size * cfg["rollouts_per_prompt"]
             if budget > self.settings.max_rollout_budget:
                 raise TooLarge(f"rollout_budget: {budget} exceeds the limit of {self.settings.max_rollout_budget}")
-            step = body.step if body.step is not None else repo.next_step(s, run.pk)
-            existing = repo.plan_of_step(s, run.pk, step)
+            step = body.step if body.step is not None else next_step
+            existing = None if existing_id is None else repo.plan_by_id(s, run.pk, existing_id)
             if existing is not None:
                 self._same_request(existing, body, budget, step)
                 state = self.store.state(s, run)
@@ -243,8 +264,7 @@ class Planner:
                 rollout_cap=body.rollout_budget if tokens else None,
                 max_new_tokens=body.max_new_tokens,
             )
-            run.n_plans += 1  # flushed with the run's log position, in one UPDATE
-            repo.add_plan(s, plan, ords, rolls, pred, costs)
+            repo.add_plan(s, run, plan, ords, rolls, pred, costs)
             out = plan_out(state, plan, ords, rolls, pred, costs)
         if self.metrics is not None:
             self.metrics.observe_plan(state.strategy.name, compute_s)

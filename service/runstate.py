@@ -479,8 +479,8 @@ class RunState:
         did anything."""
         with self.lock:
             paid = self._pay()  # a plan's deferred seal (``seal``), off the plan's path
-            if not self.pending or self.on_step is not None:
-                return paid
+            if not self.pending or self.on_step is not None or self._shadow is None:
+                return paid  # (no view was ever read: no plan to spare, e.g. reports only)
             steps = [int(o.step[0]) for o in self.pending]  # one step per report held
             last = max(steps)
             before = steps.count(last - 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from .storage import repository as repo
 from .storage.models import Run
 
 log = logging.getLogger(__name__)
+WARM_DELAY_S = 0.002  # how long the warmer lets the asking request finish before it works
 
 
 def creation_spec(settings: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +101,9 @@ class StateStore:
     def _warm_loop(self) -> None:
         while True:
             state = self._warm_queue.get()
+            # The request that asked has its response to send: let it have the interpreter
+            # first (this thread would otherwise take it at once, on that request's path).
+            time.sleep(WARM_DELAY_S)
             with self._lock:
                 self._warm_queued.pop(id(state), None)
             try:

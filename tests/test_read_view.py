@@ -300,7 +300,13 @@ def test_warming_after_reports_gives_the_same_views_and_spares_the_plan_the_fold
 
 def test_the_store_warms_in_its_background_thread():
     """``StateStore.warm`` hands the state to the store's warmer thread, which leaves the read
-    view current at the state's log position (and coalesces repeated requests)."""
+    view current at the state's log position (and coalesces repeated requests); a state never
+    read (reports only, no plan to spare) is left alone."""
+    never = _Run("default", 1)
+    never.prompts(50)
+    never.report(0, 10)
+    never.report(1, 10)
+    assert not never.looked.warm() and never.looked._shadow is None
     import time
 
     from rollplan.service.states import StateStore
@@ -311,6 +317,8 @@ def test_the_store_warms_in_its_background_thread():
     for t in range(3):
         run.step = t
         run.plan()
+        if t == 1:
+            run.read()  # a plan's read: from now on there is a view to keep warm
         run.report(t, 20)
     st = run.looked
     assert st._view is None or st._view[0] != st.seq

@@ -495,8 +495,8 @@ def report_context_sql(run_id: str, report_id: str, step: int) -> str:
     )
 
 
-def report_context_of_row(s: Session, row: tuple | None):
-    """``report_context``'s answer from a row of ``report_context_sql``: the run as a
+def context_of_row(s: Session, row: tuple | None):
+    """The answer of ``report_context`` or ``plan_context`` from a row of their ``_sql``: the run as a
     persistent instance of this session, as if it had been loaded by a query."""
     if row is None:
         return None
@@ -601,19 +601,68 @@ def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
     return s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run_pk))
 
 
-def add_plan(s: Session, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
-    """Store a plan: its row with its items packed (``pack_items``; one INSERT, flushed with
-    the run's counters and log position in one UPDATE), or, for a plan whose items carry
-    costs, its row and its items as rows of ``plan_items``."""
+_PLAN_COLUMNS = (
+    "id",
+    "run_pk",
+    "step",
+    "strategy",
+    "batch_size",
+    "rollout_budget",
+    "compute_ms",
+    "log_seq",
+    "token_budget",
+    "rollout_cap",
+    "max_new_tokens",
+    "items",
+    "items_indexed",
+)
+_PLAN_ROW = f"INSERT INTO plans ({', '.join(_PLAN_COLUMNS)}) VALUES ({', '.join(':' + c for c in _PLAN_COLUMNS)})"
+_PLAN_COUNTERS = "UPDATE runs SET log_seq = :log_seq, n_plans = n_plans + 1 WHERE pk = :run_pk"
+_PLAN_STEP = "INSERT INTO run_steps (run_pk, step) VALUES (:run_pk, :step) ON CONFLICT DO NOTHING"
+_SQLITE_PLAN = tuple(text(q) for q in (_PLAN_ROW, _PLAN_STEP, _PLAN_COUNTERS))
+_PG_PLAN = text(f"WITH p AS ({_PLAN_ROW}), st AS ({_PLAN_STEP}) {_PLAN_COUNTERS}")
+
+
+def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
+    """Store a plan (``plan.log_seq``: its log position; the caller holds the run's lock):
+    its row with its items packed (``pack_items``), its step and the run's counters — one
+    statement on PostgreSQL, three plain ones on SQLite, no ORM flush; a plan whose items
+    carry costs keeps them as rows of ``plan_items``. ``plan`` stays transient (the answer
+    reads it); ``run``'s log position and plan count are set as committed."""
     if costs is None:
         plan.items, plan.items_indexed = pack_items(ordinals, rollouts, predicted), False
-        s.add(plan)
-        s.flush()
     else:
-        s.add(plan)
-        s.flush()
+        plan.items, plan.items_indexed = None, True
+    params = {c: getattr(plan, c) for c in _PLAN_COLUMNS}
+    if is_postgres(s):
+        s.execute(_PG_PLAN, params)
+    else:
+        for q in _SQLITE_PLAN:
+            s.execute(q, params)
+    if costs is not None:
         insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
-    mark_step(s, plan.run_pk, plan.step)
+    set_committed_value(run, "log_seq", plan.log_seq)
+    set_committed_value(run, "n_plans", run.n_plans + 1)
+
+
+def plan_context(s: Session, run_id: str, step: int | None):
+    """Under the run's lock: (the run, the step a plan asked without one gets, the id of
+    the plan of ``step`` or of that step if any), in one query."""
+    latest = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
+    at = func.coalesce(latest + 1, 0) if step is None else step
+    existing = select(Plan.id).where(Plan.run_pk == Run.pk, Plan.step == at).scalar_subquery()
+    return s.execute(select(Run, latest, existing).where(Run.id == run_id)).first()
+
+
+def plan_context_sql(run_id: str, step: int | None) -> str:
+    """``plan_context`` as PostgreSQL text with its values inlined, for ``locked_read_session``."""
+    cols = ", ".join(f"r.{name}" for _, name in _RUN_COLUMNS)
+    latest = "(SELECT max(st.step) FROM run_steps st WHERE st.run_pk = r.pk)"
+    at = f"coalesce({latest} + 1, 0)" if step is None else literal(int(step))
+    return (
+        f"SELECT {cols}, {latest}, (SELECT p.id FROM plans p WHERE p.run_pk = r.pk AND p.step = {at}) "
+        f"FROM runs r WHERE r.id = {literal(run_id)}"
+    )
 
 
 _ITEM_BYTES = 8 + 4 + 8  # a packed item: ordinal int64, rollouts int32, predicted float64
