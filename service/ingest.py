@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from .api import schemas
+from . import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
 from .runstate import PromptsEvent, ReportEvent

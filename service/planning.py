@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from .api import schemas
+from . import schemas
 from .config import Settings
-from .errors import Conflict, Invalid, NotFound, TooLarge
-from .ingest import run_not_found
+from .errors import Conflict, Invalid, NotFound, RunNotFound, TooLarge
 from .runstate import RunState, SealEvent
 from .scheduling import allocation, cost
 from .scheduling import strategies as strat
@@ -148,7 +147,7 @@ class Planner:
             with write_session(self.sessions, run_id) as s:
                 run = repo.run_by_id(s, run_id)
                 if run is None:
-                    raise run_not_found(run_id)
+                    raise RunNotFound(run_id)
                 tx = _Tx(s, run)
                 yield tx
         except BaseException:

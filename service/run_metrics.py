@@ -17,8 +17,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
-from .errors import Invalid, TooLarge, item_errors
-from .ingest import run_not_found
+from .errors import Invalid, RunNotFound, TooLarge, item_errors
 from .storage import repository as repo
 from .storage.db import write_session
 from .storage.models import RunMetric
@@ -65,7 +64,7 @@ class RunMetrics:
         with write_session(self.sessions, run_id) as s:
             run = repo.run_by_id(s, run_id)
             if run is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             steps = sorted({st for _, st in points})
             stored: dict[tuple[str, int], float] = {}
             for lo in range(0, len(steps), 500):

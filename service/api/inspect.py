@@ -20,8 +20,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from .. import inspection as insp
+from .. import schemas
 from ..errors import Invalid
-from . import schemas
 from .cursors import _decode_cursor, _encode_cursor
 from .deps import EngineDep, SessionDep, require_key
 from .v1 import RESPONSES, Cursor, RunIdPath

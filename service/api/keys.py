@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, status
 
-from .. import auth
+from .. import auth, schemas
 from ..storage.models import ApiKey
-from . import schemas
 from .deps import SessionDep, require_admin
 from .v1 import AUTH_RESPONSES, RESPONSES
 

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field, StringConstraints
 
-from . import schemas
+from .. import schemas
 from .cursors import _decode_cursor, _encode_cursor
 from .deps import EngineDep, SessionDep, SettingsDep, json_body, json_body_openapi, require_key
 from .v1 import RESPONSES, Cursor, RunIdPath

@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 
+from .. import schemas
 from ..errors import Invalid, TooLarge
 from ..scheduling import strategies as strat
-from . import schemas
 from .cursors import _decode_cursor, _encode_cursor, decode_sort_cursor, encode_sort_cursor
 from .deps import (
     AuthDep,
