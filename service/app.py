@@ -13,7 +13,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -28,7 +27,7 @@ from .errors import RollplanError, TooLarge, problem_body
 from .metrics import Metrics
 from .scheduling import strategies as strat
 from .storage import migrate
-from .storage.db import make_engine, make_sessionmaker
+from .storage.db import make_engine, make_sessionmaker, ping
 from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
@@ -410,7 +409,7 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         """The database answers."""
         try:
             with request.app.state.engine.sessions() as s:
-                s.execute(text("SELECT 1"))
+                ping(s)
         except Exception as e:  # noqa: BLE001 - any failure means not ready
             return _problem(503, "Service unavailable", f"database unreachable: {type(e).__name__}")
         return {"status": "ready"}

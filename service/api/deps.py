@@ -48,7 +48,7 @@ def auth_enabled(request: Request) -> bool:
         # Checked on every request while off (a key made by the CLI takes effect at
         # once): one pooled connection and one indexed probe, no ORM session.
         with state.db.connect() as conn:
-            on = conn.execute(auth.ANY_KEY).first() is not None
+            on = auth.any_key_stored(conn)
     state.auth_on = on
     return on
 

@@ -346,16 +346,11 @@ def export(
 ):
     """The run's reward log (streamed; safe for large runs)."""
     run = engine.get_run(session, run_id)
-    q = insp.export_query(run.pk, step_from, step_to).execution_options(yield_per=2000)
-    sessions = engine.sessions
-
-    def rows() -> Iterator:
-        with sessions() as s:
-            yield from s.execute(q)
+    records = insp.export_records(engine.sessions, run.pk, step_from, step_to)
 
     body: Iterator[str]
     if format == "ndjson":
-        body = (insp.ndjson_line(insp.export_record(r)) for r in rows())
+        body = (json.dumps(rec, separators=(",", ":")) + "\n" for rec in records)
         media = "application/x-ndjson"
     else:
 
@@ -363,8 +358,7 @@ def export(
             buf = io.StringIO()
             w = csv.writer(buf, lineterminator="\n")
             w.writerow(insp.EXPORT_COLUMNS)
-            for r in rows():
-                rec = insp.export_record(r)
+            for rec in records:
                 rec["rewards"] = json.dumps(rec["rewards"], separators=(",", ":"))
                 rec["informative"] = "true" if rec["informative"] else "false"
                 w.writerow([rec[c] for c in insp.EXPORT_COLUMNS])
