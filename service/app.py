@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .api import inspect, keys, predictor, quality, run_metrics, v1
+from .api import inspection, keys, plans, predictor, prompts, quality, reports, run_metrics, runs, strategies
 from .api.deps import add_raw_body_schemas, auth_enabled, keyless_security
 from .config import Settings
 from .engine import Engine
@@ -297,8 +297,10 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         docs_url=None,
         redoc_url=None,
     )
-    app.include_router(v1.router)
-    app.include_router(inspect.router)
+    # One router per resource; the order is the OpenAPI document's.
+    for api in (strategies, runs, prompts, plans, reports):
+        app.include_router(api.router)
+    app.include_router(inspection.router)
     app.include_router(quality.router)
     app.include_router(run_metrics.router)
     app.include_router(predictor.router)

@@ -16,8 +16,7 @@ from pydantic import BaseModel, Field
 
 from ..engine import current_strategy
 from ..predictor import available
-from .deps import EngineDep, SessionDep, require_key
-from .v1 import RESPONSES, RunIdPath
+from .deps import RESPONSES, EngineDep, RunIdPath, SessionDep, require_key
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
 
