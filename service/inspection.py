@@ -3,8 +3,8 @@
 Everything here is an SQL aggregate over the reward log / the plans (the queries
 are in ``storage/inspection.py``), or numpy over the run's ``PoolState`` — never a
 Python loop over the prompts of a pool or the rows of a log (the pool can hold a
-million prompts). The only per-row loops
-are over one prompt's own history and over the rows of an export stream.
+million prompts). The only per-row loops are over one prompt's own history and over
+the rows of an export stream.
 
 Strategy extras. A strategy's ``inspect(pool) -> dict`` returns JSON-serialisable
 run-level state worth showing (bandit domain weights, per-domain skills, AdaRFT's
