@@ -13,14 +13,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .api import inspect, keys, predictor, quality, run_metrics, v1
+from .api import inspection, keys, plans, predictor, prompts, quality, reports, run_metrics, runs, strategies
 from .api.deps import add_raw_body_schemas, auth_enabled, keyless_security
 from .config import Settings
 from .engine import Engine
@@ -28,7 +27,7 @@ from .errors import RollplanError, TooLarge, problem_body
 from .metrics import Metrics
 from .scheduling import strategies as strat
 from .storage import migrate
-from .storage.db import make_engine, make_sessionmaker
+from .storage.db import make_engine, make_sessionmaker, ping
 from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
@@ -298,8 +297,10 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         docs_url=None,
         redoc_url=None,
     )
-    app.include_router(v1.router)
-    app.include_router(inspect.router)
+    # One router per resource; the order is the OpenAPI document's.
+    for api in (strategies, runs, prompts, plans, reports):
+        app.include_router(api.router)
+    app.include_router(inspection.router)
     app.include_router(quality.router)
     app.include_router(run_metrics.router)
     app.include_router(predictor.router)
@@ -410,7 +411,7 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         """The database answers."""
         try:
             with request.app.state.engine.sessions() as s:
-                s.execute(text("SELECT 1"))
+                ping(s)
         except Exception as e:  # noqa: BLE001 - any failure means not ready
             return _problem(503, "Service unavailable", f"database unreachable: {type(e).__name__}")
         return {"status": "ready"}

@@ -25,14 +25,14 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Literal, cast
 
-from sqlalchemy import ColumnElement, false, or_, select
+from sqlalchemy import ColumnElement, Connection
 from sqlalchemy.orm import Session
 
 from .errors import Forbidden, Invalid, NotFound
-from .storage.models import ApiKey, Run
+from .storage import keys as store
+from .storage.models import ApiKey
 
 Scope = Literal["read", "write", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
@@ -85,14 +85,7 @@ class Principal:
 
     def run_filter(self) -> ColumnElement[bool] | None:
         """A WHERE clause on ``Run.id`` limiting a listing to the runs this key may see."""
-        if not self.bound:
-            return None
-        clauses: list[ColumnElement[bool]] = []
-        if self.run_ids:
-            clauses.append(Run.id.in_(sorted(self.run_ids)))
-        if self.runs_prefix is not None:
-            clauses.append(Run.id.startswith(self.runs_prefix, autoescape=True))
-        return or_(*clauses) if clauses else false()
+        return store.runs_visible(self.run_ids, self.runs_prefix) if self.bound else None
 
 
 NO_AUTH = Principal(scope="admin")
@@ -108,13 +101,16 @@ def _principal(row: ApiKey) -> Principal:
     )
 
 
-ANY_KEY = select(ApiKey.pk).limit(1)
+def any_key_stored(conn: Connection) -> bool:
+    """Whether a key was ever made (revoked ones count: revoking the last key never
+    opens the server)."""
+    return store.any_key(conn)
 
 
 def verify(s: Session, key: str) -> Principal | None:
     """The principal of a stored, unrevoked key, or None."""
     m = _KEY_RE.match(key)
-    row = s.scalar(select(ApiKey).where(ApiKey.key_id == m.group(1))) if m else None
+    row = store.key_by_id(s, m.group(1)) if m else None
     ok = hmac.compare_digest(hash_key(key).encode(), (row.key_hash if row is not None else _DUMMY_HASH).encode())
     if not ok or row is None or row.revoked_at is not None:
         return None
@@ -158,7 +154,8 @@ def create_key(
     """Store a new key; returns the row and the key itself (shown once, never stored)."""
     validate_binding(scope, run_ids, runs_prefix)
     key_id, key = generate_key()
-    row = ApiKey(
+    row = store.add_key(
+        s,
         key_id=key_id,
         key_hash=hash_key(key),
         name=name,
@@ -166,26 +163,19 @@ def create_key(
         run_ids=sorted(set(run_ids)) if run_ids is not None else None,
         runs_prefix=runs_prefix,
     )
-    s.add(row)
-    s.flush()
-    s.refresh(row)
     return row, key
 
 
 def list_keys(s: Session, *, include_revoked: bool = True) -> list[ApiKey]:
-    q = select(ApiKey).order_by(ApiKey.pk)
-    if not include_revoked:
-        q = q.where(ApiKey.revoked_at.is_(None))
-    return list(s.scalars(q))
+    return store.list_keys(s, include_revoked=include_revoked)
 
 
 def revoke_key(s: Session, key_id: str) -> ApiKey:
-    row = s.scalar(select(ApiKey).where(ApiKey.key_id == key_id))
+    row = store.key_by_id(s, key_id)
     if row is None:
         raise NotFound(f"no API key with id {key_id!r}")
     if row.revoked_at is None:
-        row.revoked_at = datetime.now(timezone.utc)
-        s.flush()
+        store.mark_revoked(s, row)
     return row
 
 

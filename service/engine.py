@@ -8,7 +8,8 @@ named for its job —
 - ``planning``: plans and plan extensions (the events that read the state);
 - ``runs``: create, attach, change strategy, list;
 - ``reads``: prompts with their estimates;
-- ``storage.repository``: every SQL statement of those paths and every dialect difference;
+- ``storage.repository``: every SQL statement of those paths and every dialect difference
+  (the other readers' statements in ``storage``'s other modules, one per reader);
 - ``inspection``: read-only views for the inspection API and the dashboard.
 """
 

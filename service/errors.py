@@ -36,6 +36,14 @@ class NotFound(RollplanError):
     status, title = 404, "Not found"
 
 
+class RunNotFound(NotFound):
+    """No run with this id (the answer names the call that creates it)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
+        self.run_id = run_id
+
+
 class Conflict(RollplanError):
     status, title = 409, "Conflict"
 

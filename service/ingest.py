@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from .api import schemas
+from . import schemas
 from .config import Settings
-from .errors import Conflict, Invalid, NotFound, TooLarge, item_errors
+from .errors import Conflict, Invalid, RunNotFound, TooLarge, item_errors
 from .runstate import PromptsEvent, ReportEvent
 from .scheduling.cost import cost_or_none, group_cost
 from .states import StateStore
@@ -26,10 +26,6 @@ from .storage import repository as repo
 from .storage.db import locked_read_session, write_session
 
 WARM_START_MAX_STRENGTH = 20.0
-
-
-def run_not_found(run_id: str) -> NotFound:
-    return NotFound(f"run {run_id!r} does not exist; create it with PUT /v1/runs/{run_id}")
 
 
 def group_abs_advantage(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sums: np.ndarray) -> np.ndarray:
@@ -137,7 +133,7 @@ class Ingest:
             else:
                 row = repo.report_context(s, run_id, body.report_id, body.step)
             if row is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             run, prior_groups, prior_hash, reported_step, step_known = row
             if prior_hash is not None:
                 if prior_hash != body_hash and prior_hash != legacy_report_hash(body):
@@ -235,7 +231,7 @@ class Ingest:
         with write_session(self.sessions, run_id) as s:
             run = repo.run_by_id(s, run_id)
             if run is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             state = self.store.state(s, run)
             version = run.prompt_version + 1
             found = state.lookup(ids)

@@ -1,9 +1,10 @@
 """Read-only views of a run's curriculum for the inspection API and the dashboard.
 
-Everything here is an SQL aggregate over the reward log / the plans, or numpy
-over the run's ``PoolState`` — never a Python loop over the prompts of a pool or
-the rows of a log (the pool can hold a million prompts). The only per-row loops
-are over one prompt's own history and over the rows of an export stream.
+Everything here is an SQL aggregate over the reward log / the plans (the queries
+are in ``storage/inspection.py``), or numpy over the run's ``PoolState`` — never a
+Python loop over the prompts of a pool or the rows of a log (the pool can hold a
+million prompts). The only per-row loops are over one prompt's own history and over
+the rows of an export stream.
 
 Strategy extras. A strategy's ``inspect(pool) -> dict`` returns JSON-serialisable
 run-level state worth showing (bandit domain weights, per-domain skills, AdaRFT's
@@ -19,20 +20,19 @@ the prompt list, its filters, the domain table and the histograms.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.orm import Session
 
 from .runstate import RunState
 from .scheduling import coverage as cov
 from .scheduling.pool import Observations, PoolState
-from .storage.models import Plan, PlanItem, Prompt, Report, Result, RunStep
+from .storage import inspection as sql
 from .storage.repository import load_events
 
 RunContext = RunState  # the name the functions below were written with
@@ -79,85 +79,19 @@ def domain_names(ctx: RunContext) -> list[str | None]:
 
 
 # -- steps ----------------------------------------------------------------------------------
-def step_page(s: Session, run_pk: int, after: int | None, limit: int) -> tuple[list[int], int | None]:
-    """Steps of the run (plans or results) in order, one page; and the cursor step."""
-    q = select(RunStep.step).where(RunStep.run_pk == run_pk)
-    if after is not None:
-        q = q.where(RunStep.step > after)
-    steps = list(s.scalars(q.order_by(RunStep.step).limit(limit + 1)))
-    nxt = steps[limit - 1] if len(steps) > limit else None
-    return steps[:limit], nxt
+step_page = sql.step_page  # steps of the run (plans or results) in order, one page; and the cursor step
 
 
 def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
     if not steps:
         return []
-    lo, hi = ctx.reward_range
     first, last = steps[0], steps[-1]
-    eps = 1e-9 * (hi - lo)
-    not_inf = Result.informative != true()
-    n = Result.n
-    res = s.execute(
-        select(
-            Result.step,
-            func.count(),
-            func.sum(n),
-            func.sum(case((Result.informative == true(), n), else_=0)),
-            func.sum(Result.reward_sum),
-            func.sum(case((and_(not_inf, Result.reward_sum >= n * (hi - eps)), n), else_=0)),
-            func.sum(case((and_(not_inf, Result.reward_sum <= n * (lo + eps)), n), else_=0)),
-            func.sum(Result.tok_n),
-            func.sum(Result.tok_sum),
-            func.sum(case((not_inf, Result.tok_sum), else_=0)),
-            func.sum(Result.trunc_n),
-            func.sum(Result.trunc_k),
-        )
-        .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
-        .group_by(Result.step)
-    ).all()
-    by_step = {r[0]: r for r in res}
-    plans = {
-        r.step: r
-        for r in s.execute(
-            select(Plan.step, Plan.id, Plan.strategy, Plan.batch_size, Plan.rollout_budget, Plan.compute_ms).where(
-                Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last
-            )
-        )
-    }
+    by_step = sql.results_per_step(s, ctx.run_pk, first, last, ctx.reward_range)
+    plans = sql.plans_per_step(s, ctx.run_pk, first, last)
     # Calibration: the plan's predicted pass rate against the observed group mean
     # (on [0, 1]) of the planned prompts reported at that step.
-    observed = (Result.reward_sum / Result.n - lo) / (hi - lo)
-    err = PlanItem.predicted_pass_rate - observed
-    cal = {
-        r[0]: r
-        for r in s.execute(
-            select(
-                Result.step,
-                func.count(),
-                func.avg(err * err),
-                func.avg(PlanItem.predicted_pass_rate),
-                func.avg(observed),
-            )
-            .select_from(Result)
-            .join(Plan, and_(Plan.run_pk == Result.run_pk, Plan.step == Result.step))
-            .join(PlanItem, and_(PlanItem.plan_id == Plan.id, PlanItem.prompt_ordinal == Result.prompt_ordinal))
-            .where(Result.run_pk == ctx.run_pk, Result.step >= first, Result.step <= last)
-            .group_by(Result.step)
-        )
-    }
-    # Wall time of a step: when its latest report committed (else when its plan was made).
-    reported_at = dict(
-        s.execute(
-            select(Report.step, func.max(Report.created_at))
-            .where(Report.run_pk == ctx.run_pk, Report.step >= first, Report.step <= last)
-            .group_by(Report.step)
-        ).all()
-    )
-    planned_at = dict(
-        s.execute(
-            select(Plan.step, Plan.created_at).where(Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last)
-        ).all()
-    )
+    cal = sql.calibration_per_step(s, ctx.run_pk, first, last, ctx.reward_range)
+    times = sql.step_times(s, ctx.run_pk, first, last)
     with ctx.read() as pool:
         has_state = bool(strategy_state(ctx.strategy, pool))
     extras = pool_history(ctx).strategy_states(s, ctx) if has_state else {}
@@ -202,7 +136,7 @@ def timeline(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, An
                     "mean_observed": float(c[4]),
                 },
                 "strategy_state": extras.get(st, {}),
-                "time": reported_at.get(st) or planned_at.get(st),
+                "time": times.get(st),
             }
         )
     return out
@@ -242,46 +176,12 @@ def domains_now(ctx: RunContext) -> list[dict[str, Any]]:
     return out
 
 
-def results_by_step_domain(s: Session, run_pk: int, first: int | None = None, last: int | None = None) -> list[Any]:
-    """The reward log aggregated per (step, domain), steps ``first … last`` (all when None):
-    rows of (step, domain, groups, rollouts, informative rollouts, reward sum)."""
-    pj = and_(Prompt.run_pk == run_pk, Prompt.ordinal == Result.prompt_ordinal)
-    q = (
-        select(
-            Result.step,
-            Prompt.domain,
-            func.count(),
-            func.sum(Result.n),
-            func.sum(case((Result.informative == true(), Result.n), else_=0)),
-            func.sum(Result.reward_sum),
-        )
-        .select_from(Result)
-        .join(Prompt, pj)
-        .where(Result.run_pk == run_pk)
-        .group_by(Result.step, Prompt.domain)
-    )
-    if first is not None:
-        q = q.where(Result.step >= first)
-    if last is not None:
-        q = q.where(Result.step <= last)
-    return list(s.execute(q).all())
-
-
 def domains_by_step(s: Session, ctx: RunContext, steps: list[int]) -> list[dict[str, Any]]:
     if not steps:
         return []
     first, last = steps[0], steps[-1]
-    res = results_by_step_domain(s, ctx.run_pk, first, last)
-    planned = s.execute(
-        select(
-            Plan.step, Prompt.domain, func.count(), func.sum(PlanItem.rollouts), Plan.batch_size, Plan.rollout_budget
-        )
-        .select_from(PlanItem)
-        .join(Plan, Plan.id == PlanItem.plan_id)
-        .join(Prompt, and_(Prompt.run_pk == Plan.run_pk, Prompt.ordinal == PlanItem.prompt_ordinal))
-        .where(Plan.run_pk == ctx.run_pk, Plan.step >= first, Plan.step <= last)
-        .group_by(Plan.step, Prompt.domain, Plan.batch_size, Plan.rollout_budget)
-    ).all()
+    res = sql.results_by_step_domain(s, ctx.run_pk, first, last)
+    planned = sql.plans_by_step_domain(s, ctx.run_pk, first, last)
     cells: dict[int, dict[str | None, dict[str, Any]]] = {st: {} for st in steps}
 
     def cell(st, dom):
@@ -340,7 +240,7 @@ def coverage(s: Session, ctx: RunContext) -> dict[str, Any]:
     with ctx.read() as pool:  # copies: the statistics need not hold the state's lock
         rollouts, domain = pool.rollouts.copy(), pool.domain.copy()
     c = cov.coverage(rollouts, domain, k)
-    rows = results_by_step_domain(s, ctx.run_pk)
+    rows = sql.results_by_step_domain(s, ctx.run_pk)
     codes = {name: i for i, name in enumerate(names)}  # those of `names` (a domain may come since)
     known = [r for r in rows if r[1] in codes]  # a row per (step, domain), not per prompt
     step = np.fromiter((r[0] for r in known), np.int64, len(known))
@@ -575,22 +475,7 @@ def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[s
     is shifted by the difference between the live posterior and the replay's final
     one (both hold the same evidence), so the last entry is the current estimate.
     """
-    rows = s.execute(
-        select(
-            Result.report_seq,
-            Report.report_id,
-            Result.step,
-            Result.n,
-            Result.reward_sum,
-            Result.informative,
-            Result.rewards,
-            Result.abs_adv,
-            Result.staleness,
-        )
-        .join(Report, (Report.run_pk == Result.run_pk) & (Report.report_seq == Result.report_seq))
-        .where(Result.run_pk == ctx.run_pk, Result.prompt_ordinal == ordinal)
-        .order_by(Result.report_seq, Result.position)
-    ).all()
+    rows = sql.prompt_groups(s, ctx.run_pk, ordinal)
     one = np.zeros(1, np.int64)
     # The per-prompt Beta posterior (with the run's forgetting), prior shifted to the live one.
     with ctx.read() as pool:
@@ -632,12 +517,7 @@ def prompt_trace(s: Session, ctx: RunContext, ordinal: int) -> tuple[list[dict[s
     ]
     planned = [
         {"step": st, "plan_id": pid, "rollouts": r, "predicted_pass_rate": p}
-        for st, pid, r, p in s.execute(
-            select(Plan.step, Plan.id, PlanItem.rollouts, PlanItem.predicted_pass_rate)
-            .join(Plan, Plan.id == PlanItem.plan_id)
-            .where(Plan.run_pk == ctx.run_pk, PlanItem.prompt_ordinal == ordinal)
-            .order_by(Plan.step)
-        )
+        for st, pid, r, p in sql.prompt_plans(s, ctx.run_pk, ordinal)
     ]
     return history, planned
 
@@ -658,30 +538,11 @@ EXPORT_COLUMNS = (
 )
 
 
-def export_query(run_pk: int, step_from: int | None, step_to: int | None):
-    q = (
-        select(
-            Result.report_seq,
-            Report.report_id,
-            Result.step,
-            Result.position,
-            Prompt.id,
-            Prompt.domain,
-            Result.n,
-            Result.reward_sum,
-            Result.informative,
-            Result.rewards,
-        )
-        .join(Report, and_(Report.run_pk == Result.run_pk, Report.report_seq == Result.report_seq))
-        .join(Prompt, and_(Prompt.run_pk == Result.run_pk, Prompt.ordinal == Result.prompt_ordinal))
-        .where(Result.run_pk == run_pk)
-        .order_by(Result.report_seq, Result.position)
-    )
-    if step_from is not None:
-        q = q.where(Result.step >= step_from)
-    if step_to is not None:
-        q = q.where(Result.step <= step_to)
-    return q
+def export_records(
+    sessions: Callable[[], Session], run_pk: int, step_from: int | None, step_to: int | None
+) -> Iterator[dict[str, Any]]:
+    """The run's reward log as ``EXPORT_COLUMNS`` records, streamed (a session of its own)."""
+    return (export_record(r) for r in sql.export_rows(sessions, run_pk, step_from, step_to))
 
 
 def export_record(row) -> dict[str, Any]:
@@ -699,7 +560,3 @@ def export_record(row) -> dict[str, Any]:
         "informative": bool(inf),
         "rewards": rewards,
     }
-
-
-def ndjson_line(rec: dict[str, Any]) -> str:
-    return json.dumps(rec, separators=(",", ":")) + "\n"

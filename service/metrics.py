@@ -31,10 +31,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from .storage.models import Run
+from .storage.metrics import run_counters
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +70,7 @@ class RunGauges(Collector):
         if factory is not None:
             try:
                 with factory() as s:
-                    rows = s.execute(
-                        select(Run.id, Run.n_prompts, Run.n_rollouts, Run.n_informative_rollouts, Run.n_plans)
-                        .order_by(Run.created_at.desc(), Run.pk.desc())
-                        .limit(MAX_RUNS_EXPORTED)
-                    ).all()
+                    rows = run_counters(s, MAX_RUNS_EXPORTED)
                 for run_id, n_prompts, n_rollouts, n_inf, n_plans in rows:
                     pool.add_metric([run_id], n_prompts)
                     if n_rollouts:

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from .api import schemas
+from . import schemas
 from .config import Settings
-from .errors import Conflict, Invalid, NotFound, TooLarge
-from .ingest import run_not_found
+from .errors import Conflict, Invalid, NotFound, RunNotFound, TooLarge
 from .runstate import RunState, SealEvent
 from .scheduling import allocation, cost
 from .scheduling import strategies as strat
@@ -146,7 +145,7 @@ class Planner:
         with self._forget_on_failure(run_id) as hold, write_session(self.sessions, run_id) as s:
             run = repo.run_by_id(s, run_id)
             if run is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             hold.append(_Tx(s, run))
             yield hold[0]
 
@@ -162,7 +161,7 @@ class Planner:
             else:
                 row = repo.context_of_row(s, row)
             if row is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             run, latest, existing = row
             hold.append(_Tx(s, run))
             yield hold[0], (0 if latest is None else int(latest) + 1), existing

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
-from .errors import Invalid, TooLarge, item_errors
-from .ingest import run_not_found
+from .errors import Invalid, RunNotFound, TooLarge, item_errors
 from .storage import repository as repo
+from .storage import run_metrics as store
 from .storage.db import write_session
-from .storage.models import RunMetric
 
 
 class RunMetrics:
@@ -65,15 +63,9 @@ class RunMetrics:
         with write_session(self.sessions, run_id) as s:
             run = repo.run_by_id(s, run_id)
             if run is None:
-                raise run_not_found(run_id)
+                raise RunNotFound(run_id)
             steps = sorted({st for _, st in points})
-            stored: dict[tuple[str, int], float] = {}
-            for lo in range(0, len(steps), 500):
-                chunk = steps[lo : lo + 500]
-                q = select(RunMetric.name, RunMetric.step, RunMetric.value).where(
-                    RunMetric.run_pk == run.pk, RunMetric.step.in_(chunk)
-                )
-                stored.update({(n, st): v for n, st, v in s.execute(q)})
+            stored = store.stored_values(s, run.pk, steps)
             new = [
                 {"run_pk": run.pk, "name": n, "step": st, "value": v}
                 for (n, st), v in points.items()
@@ -81,44 +73,28 @@ class RunMetrics:
             ]
             changed = [(n, st, v) for (n, st), v in points.items() if (n, st) in stored and stored[(n, st)] != v]
             if new:
-                s.execute(insert(RunMetric), new)
+                store.insert_values(s, new)
             for n, st, v in changed:
-                s.execute(
-                    update(RunMetric)
-                    .where(RunMetric.run_pk == run.pk, RunMetric.name == n, RunMetric.step == st)
-                    .values(value=v, revisions=RunMetric.revisions + 1, updated_at=func.now())
-                )
+                store.replace_value(s, run.pk, n, st, v)
             created, updated = len(new), len(changed)
         return {"accepted": len(points), "created": created, "updated": updated,
                 "unchanged": len(points) - created - updated}  # fmt: skip
 
     def names(self, s: Session, run_pk: int) -> list[str]:
-        return list(
-            s.scalars(select(RunMetric.name).where(RunMetric.run_pk == run_pk).distinct().order_by(RunMetric.name))
-        )
+        return store.names(s, run_pk)
 
     def page(
         self, s: Session, run_pk: int, names: list[str] | None, after: int | None, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:
         """Up to ``limit`` steps with metrics (after step ``after``), each with its values
         (of ``names``, or all) and the time its latest value was written."""
-        q = select(RunMetric.step).where(RunMetric.run_pk == run_pk)
-        if names:
-            q = q.where(RunMetric.name.in_(names))
-        if after is not None:
-            q = q.where(RunMetric.step > after)
-        steps = list(s.scalars(q.distinct().order_by(RunMetric.step).limit(limit + 1)))
+        steps = store.steps_page(s, run_pk, names, after, limit + 1)
         nxt = steps[limit - 1] if len(steps) > limit else None
         steps = steps[:limit]
         if not steps:
             return [], None
-        rows = select(RunMetric.step, RunMetric.name, RunMetric.value, RunMetric.updated_at).where(
-            RunMetric.run_pk == run_pk, RunMetric.step >= steps[0], RunMetric.step <= steps[-1]
-        )
-        if names:
-            rows = rows.where(RunMetric.name.in_(names))
         by_step: dict[int, dict[str, Any]] = {st: {"step": st, "values": {}, "time": None} for st in steps}
-        for st, n, v, at in s.execute(rows.order_by(RunMetric.step, RunMetric.name)):
+        for st, n, v, at in store.values_between(s, run_pk, names, steps[0], steps[-1]):
             item = by_step[st]
             item["values"][n] = v
             if item["time"] is None or at > item["time"]:

@@ -9,9 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .api import schemas
-from .errors import Conflict, Invalid
-from .ingest import run_not_found
+from . import schemas
+from .errors import Conflict, Invalid, RunNotFound
 from .predictor import available as predictor_available
 from .scheduling import strategies as strat
 from .states import StateStore
@@ -75,7 +74,7 @@ class Runs:
     def get_run(self, session: Session, run_id: str) -> Run:
         run = repo.run_by_id(session, run_id)
         if run is None:
-            raise run_not_found(run_id)
+            raise RunNotFound(run_id)
         return run
 
     def put_run(self, run_id: str, body: schemas.RunIn) -> tuple[bool, Run]:

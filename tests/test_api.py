@@ -296,7 +296,7 @@ def test_report_acknowledged_before_the_fingerprint_change_still_deduplicates(cl
     resend is still a duplicate, a different body still a 409."""
     import sqlalchemy as sa
 
-    from rollplan.service.api.schemas import ResultsIn
+    from rollplan.service.schemas import ResultsIn
     from rollplan.service.ingest import legacy_report_hash
 
     make_run(client)

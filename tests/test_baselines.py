@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rollplan.service.api.schemas import StrategySpec
+from rollplan.service.schemas import StrategySpec
 from rollplan.service.engine import build_strategy
 from rollplan.service.errors import Invalid
 from rollplan.service.scheduling import baselines

@@ -57,6 +57,47 @@ def test_no_import_cycles():
     assert "service.engine" in graph and graph["service.engine"]  # the graph was read
 
 
+def test_no_service_module_imports_a_router():
+    """Routers import services, never the other way: outside ``api/`` only the app
+    factory (``app.py``, which mounts the routers) imports from it."""
+    graph = _graph()
+    wrong = {
+        (m, t)
+        for m, targets in graph.items()
+        for t in targets
+        if t.startswith("service.api") and not m.startswith("service.api") and m != "service.app"
+    }
+    assert not wrong, sorted(wrong)
+
+
+def test_no_sql_outside_storage():
+    """Every SQL statement lives in ``storage/``: outside it no module calls SQLAlchemy's
+    ``select``/``text``/``insert``/``update``/``delete`` (imported from ``sqlalchemy``;
+    ``np.insert`` is not SQL) nor a session's or connection's ``execute``/``scalar``/``scalars``."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "storage":
+            continue
+        src = path.read_text()
+        tree = ast.parse(src)
+        names = {
+            a.asname or a.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy")
+            for a in node.names
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in names and f.id in {"select", "text", "insert", "update", "delete"}:
+                found.append(f"{rel}:{node.lineno} {f.id}(")
+            if isinstance(f, ast.Attribute) and f.attr in {"execute", "scalar", "scalars"}:
+                found.append(f"{rel}:{node.lineno} .{f.attr}(")
+    assert not found, found
+
+
 def test_a_checkout_folder_named_rollplan_does_not_shadow_the_package(tmp_path):
     """A script next to a checkout folder named ``rollplan`` imports the installed package
     (the checkout's root ``__init__.py`` hands the import over); without an installed

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from rollplan.service.api import schemas
+from rollplan.service import schemas
 from rollplan.service.storage.models import Prompt, PromptEvent, Report, Run, RunStep
 from sqlalchemy import select
 

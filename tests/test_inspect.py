@@ -302,6 +302,23 @@ def test_export_ndjson_and_csv(client):
     assert_problem(client.get(f"/v1/runs/{sim.run_id}/export", params={"format": "xml"}), 422, "format")
 
 
+def test_export_and_data_quality_take_both_names_of_ndjson(client):
+    """NDJSON is one format under two names: ``ndjson`` (the export's) and ``jsonl`` (the
+    data-quality download's); each download answers both, with the same lines."""
+    sim = simulate(client, **SMALL)
+    ndjson = "application/x-ndjson"
+    export = f"/v1/runs/{sim.run_id}/export"
+    by_name = {f: client.get(export, params={"format": f}) for f in ("ndjson", "jsonl")}
+    assert all(r.status_code == 200 and r.headers["content-type"].startswith(ndjson) for r in by_name.values())
+    assert by_name["ndjson"].text == by_name["jsonl"].text != ""
+    assert by_name["jsonl"].headers["content-disposition"].endswith(f'{sim.run_id}-rewards.jsonl"')
+    quality = f"/v1/runs/{sim.run_id}/data-quality"
+    by_name = {f: client.get(quality, params={"format": f, "min_confidence": 0}) for f in ("jsonl", "ndjson")}
+    assert all(r.status_code == 200 and r.headers["content-type"].startswith(ndjson) for r in by_name.values())
+    assert by_name["ndjson"].text == by_name["jsonl"].text
+    assert_problem(client.get(export, params={"format": "json"}), 422, "format")
+
+
 def test_inspection_errors_and_empty_run(client):
     for path in ("timeline", "pass-rate-histogram", "domains", "coverage", "export", "prompt-history/x"):
         assert_problem(client.get(f"/v1/runs/ghost/{path}"), 404, "ghost")

@@ -9,8 +9,8 @@ import re
 
 import numpy as np
 
+from .. import schemas
 from ..errors import Invalid
-from . import schemas
 
 _RUN_ID_RE = re.compile(schemas.RUN_ID_PATTERN)
 

@@ -1,4 +1,5 @@
-"""Typed dependency shortcuts used by the routers."""
+"""What the routers share: typed dependency shortcuts (engine, session, settings, the
+caller's key), the documented error answers, path and query parameters, raw-body parsing."""
 
 from __future__ import annotations
 
@@ -7,16 +8,39 @@ import hmac
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
-from .. import auth
+from .. import auth, schemas
 from ..config import Settings
 from ..engine import Engine
 from ..errors import TooLarge, Unauthorized
+
+PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
+# What any /v1 route may answer before it runs: auth, and a body that is not JSON at all.
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "The body could not be read as JSON", **PROBLEM},
+    401: {"description": "Missing, invalid or revoked API key", **PROBLEM},
+    403: {"description": "The API key lacks the scope, or may not access this run", **PROBLEM},
+}
+# The error answers every /v1 route documents.
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    **AUTH_RESPONSES,
+    404: {"description": "Unknown run or prompt", **PROBLEM},
+    409: {"description": "Conflicts with the stored state", **PROBLEM},
+    413: {"description": "Too many items or too large a body: split the request", **PROBLEM},
+    422: {"description": "Invalid input; `errors` names each offending field or item", **PROBLEM},
+}
+
+RunIdPath = Annotated[str, Path(pattern=schemas.RUN_ID_PATTERN, description="Run id: [A-Za-z0-9._:-], 1–200 chars.")]
+PromptIdPath = Annotated[
+    str, Path(min_length=1, max_length=200, description="Prompt id, percent-encoded as the last path segment.")
+]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000, or the server's max_page_size).")]
+Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor from a previous page.")]
 
 KEY_COOKIE = "rollplan_key"
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -48,7 +72,7 @@ def auth_enabled(request: Request) -> bool:
         # Checked on every request while off (a key made by the CLI takes effect at
         # once): one pooled connection and one indexed probe, no ORM session.
         with state.db.connect() as conn:
-            on = conn.execute(auth.ANY_KEY).first() is not None
+            on = auth.any_key_stored(conn)
     state.auth_on = on
     return on
 
@@ -105,6 +129,13 @@ require_read = authorize("read")
 require_write = authorize("write")
 require_admin = authorize("admin")
 require_key = by_method  # the name routers used before scopes existed
+
+
+def v1_router() -> APIRouter:
+    """The router of a ``/v1`` resource: every route needs scope read for GET/HEAD and
+    write for other methods, and a key bound to runs may only name those runs in the
+    path (403 otherwise); each documents the auth answers."""
+    return APIRouter(prefix="/v1", dependencies=[Depends(by_method)], responses=AUTH_RESPONSES)
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]

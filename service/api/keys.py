@@ -6,11 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, status
 
-from .. import auth
+from .. import auth, schemas
 from ..storage.models import ApiKey
-from . import schemas
-from .deps import SessionDep, require_admin
-from .v1 import AUTH_RESPONSES, RESPONSES
+from .deps import AUTH_RESPONSES, RESPONSES, SessionDep, require_admin
 
 router = APIRouter(prefix="/v1/keys", dependencies=[Depends(require_admin)], responses=AUTH_RESPONSES, tags=["keys"])
 

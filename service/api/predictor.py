@@ -13,13 +13,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from ..engine import current_strategy
 from ..predictor import available
-from ..storage.models import PredictorModel
-from .deps import EngineDep, SessionDep, require_key
-from .v1 import RESPONSES, RunIdPath
+from .deps import RESPONSES, EngineDep, RunIdPath, SessionDep, require_key
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
 
@@ -104,11 +101,7 @@ def get_predictor(run_id: RunIdPath, engine: EngineDep, session: SessionDep) -> 
     """The run's learned pass-rate predictor: versions and their prequential calibration
     (Brier score and reliability curve) against the domain-mean baseline."""
     run = engine.get_run(session, run_id)
-    rows = session.execute(
-        select(PredictorModel.version, PredictorModel.created_at, PredictorModel.metrics)
-        .where(PredictorModel.run_pk == run.pk)
-        .order_by(PredictorModel.version)
-    ).all()
+    rows = engine.predictor.versions(session, run.pk)
     st = engine.predictor.state(run.pk)
     preq = [m.get("prequential") or {} for _, _, m in rows]
     return PredictorOut(

@@ -5,23 +5,18 @@ finding."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from .. import quality
 from ..errors import Invalid
 from .cursors import _decode_cursor, _encode_cursor
-from .deps import EngineDep, SessionDep, require_key
-from .v1 import RESPONSES, Cursor, RunIdPath
+from .deps import RESPONSES, Cursor, EngineDep, RunIdPath, SessionDep, require_key
+from .downloads import download
 
 _OFFSET = re.compile(r"^[0-9]{1,9}$")
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
@@ -158,7 +153,8 @@ def data_quality(
     sort: Annotated[Sort, Query()] = "confidence",
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     format: Annotated[
-        Literal["json", "csv", "jsonl"], Query(description="csv / jsonl: every finding, streamed.")
+        Literal["json", "csv", "jsonl", "ndjson"],
+        Query(description="csv / jsonl (also named ndjson): every finding, streamed."),
     ] = "json",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Cursor = None,
@@ -178,21 +174,4 @@ def data_quality(
         page = rows[start : start + limit]
         nxt = _encode_cursor(start + limit) if start + limit < len(rows) else None
         return {"counts": counts, "criteria": criteria, "model": model, "items": page, "next_cursor": nxt}
-
-    def lines() -> Iterator[str]:
-        if format == "jsonl":
-            for r in rows:
-                yield json.dumps(r, separators=(",", ":")) + "\n"
-            return
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow(["" if r[c] is None else r[c] for c in COLUMNS])
-        yield buf.getvalue()
-
-    media = "application/x-ndjson" if format == "jsonl" else "text/csv"
-    filename = f"{run_id}-data-quality.{format}"
-    return StreamingResponse(
-        lines(), media_type=media, headers={"Content-Disposition": f'attachment; filename="{filename}"'}
-    )
+    return download(rows, COLUMNS, format, f"{run_id}-data-quality")

@@ -9,10 +9,19 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field, StringConstraints
 
-from . import schemas
+from .. import schemas
 from .cursors import _decode_cursor, _encode_cursor
-from .deps import EngineDep, SessionDep, SettingsDep, json_body, json_body_openapi, require_key
-from .v1 import RESPONSES, Cursor, RunIdPath
+from .deps import (
+    RESPONSES,
+    Cursor,
+    EngineDep,
+    RunIdPath,
+    SessionDep,
+    SettingsDep,
+    json_body,
+    json_body_openapi,
+    require_key,
+)
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["metrics"])
 

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..storage import predictor as store
 from ..storage.db import write_session
-from ..storage.models import PredictorModel, Prompt, Result, Run
+from ..storage.models import Run
 from .features import Features, empty, hash_texts
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,11 @@ class PredictorManager:
     def state(self, run_pk: int) -> RunPredictor | None:
         return self._runs.get(run_pk)
 
+    @staticmethod
+    def versions(s: Session, run_pk: int) -> Sequence[Any]:
+        """The run's persisted versions in order: rows of (version, created_at, metrics)."""
+        return store.versions(s, run_pk)
+
     # -- the engine's hook ------------------------------------------------------------
     def touch(self, ctx, run: Run) -> None:
         """Called with every up-to-date context: hand over the latest predictions to a
@@ -180,35 +186,22 @@ class PredictorManager:
 
         with self.sessions() as s:
             if not st.loaded:
-                row = s.scalar(
-                    select(PredictorModel)
-                    .where(PredictorModel.run_pk == st.run_pk)
-                    .order_by(PredictorModel.version.desc())
-                    .limit(1)
-                )
+                row = store.latest_version(s, st.run_pk)
                 if row is not None:
                     st.model = M.Predictor.from_bytes(row.blob)
                     st.version = row.version
                     st.trained_seq = int(row.metrics.get("trained_upto_seq", 0))
                     st.trained_groups = int(row.metrics.get("groups_seen", 0))
                 st.loaded = True
-            run = s.get(Run, st.run_pk)
+            run = store.run_by_pk(s, st.run_pk)
             if run is None:
                 return
-            rows = s.execute(
-                select(Prompt.ordinal, Prompt.domain, Prompt.text, Prompt.embedding, Prompt.version)
-                .where(Prompt.run_pk == st.run_pk, Prompt.version > st.prompts.version)
-                .order_by(Prompt.ordinal)
-            ).all()
+            rows = store.prompts_since(s, st.run_pk, st.prompts.version)
             train = run.n_results - max(st.trained_groups, st.attempted_groups) >= self.retrain_groups
             # (report_seq, prompt_ordinal, n, reward_sum, step) per group
             results: Sequence[Row[int, int, int, float, int]] = []
             if train:
-                results = s.execute(
-                    select(Result.report_seq, Result.prompt_ordinal, Result.n, Result.reward_sum, Result.step)
-                    .where(Result.run_pk == st.run_pk, Result.report_seq <= run.report_seq)
-                    .order_by(Result.report_seq, Result.position)
-                ).all()
+                results = store.groups_upto(s, st.run_pk, run.report_seq)
             lo, hi = run.settings["reward_range"]
             upto_seq = run.report_seq
         changed = st.prompts.update([tuple(r) for r in rows])
@@ -240,9 +233,7 @@ class PredictorManager:
             metrics.update(trained_upto_seq=int(upto_seq), groups_seen=int(o.size))
             blob = pred.to_bytes()
             with write_session(self.sessions, st.run_id) as s:
-                last = s.scalar(select(func.max(PredictorModel.version)).where(PredictorModel.run_pk == st.run_pk))
-                version = (last or 0) + 1
-                s.add(PredictorModel(run_pk=st.run_pk, version=version, blob=blob, metrics=metrics))
+                version = store.add_version(s, st.run_pk, blob, metrics)
             st.model, st.version = pred, version
             st.trained_seq, st.trained_groups = int(upto_seq), int(o.size)
         if st.model is not None and (changed or st.pred_version != st.version or st.pred is None):

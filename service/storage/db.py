@@ -66,6 +66,11 @@ def make_engine(settings: Settings) -> Engine:
     )
 
 
+def ping(session: Session) -> None:
+    """``SELECT 1``: raises when the database does not answer (``/readyz``)."""
+    session.execute(text("SELECT 1"))
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 

@@ -8,23 +8,19 @@ SQL aggregate or numpy over the pool (``service/inspection.py``).
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
-from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from .. import inspection as insp
+from .. import schemas
 from ..errors import Invalid
-from . import schemas
 from .cursors import _decode_cursor, _encode_cursor
-from .deps import EngineDep, SessionDep, require_key
-from .v1 import RESPONSES, Cursor, RunIdPath
+from .deps import RESPONSES, Cursor, EngineDep, RunIdPath, SessionDep, require_key
+from .downloads import DownloadFormat, download
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
 
@@ -344,7 +340,7 @@ def export(
     run_id: RunIdPath,
     engine: EngineDep,
     session: SessionDep,
-    format: Annotated[Literal["ndjson", "csv"], Query(description="ndjson or csv.")] = "ndjson",
+    format: Annotated[DownloadFormat, Query(description="ndjson (also named jsonl) or csv.")] = "ndjson",
     step_from: Annotated[
         int | None, Query(ge=0, le=schemas.MAX_STEP, description="Only groups with step ≥ this.")
     ] = None,
@@ -354,37 +350,5 @@ def export(
 ):
     """The run's reward log (streamed; safe for large runs)."""
     run = engine.get_run(session, run_id)
-    q = insp.export_query(run.pk, step_from, step_to).execution_options(yield_per=2000)
-    sessions = engine.sessions
-
-    def rows() -> Iterator:
-        with sessions() as s:
-            yield from s.execute(q)
-
-    body: Iterator[str]
-    if format == "ndjson":
-        body = (insp.ndjson_line(insp.export_record(r)) for r in rows())
-        media = "application/x-ndjson"
-    else:
-
-        def csv_lines() -> Iterator[str]:
-            buf = io.StringIO()
-            w = csv.writer(buf, lineterminator="\n")
-            w.writerow(insp.EXPORT_COLUMNS)
-            for r in rows():
-                rec = insp.export_record(r)
-                rec["rewards"] = json.dumps(rec["rewards"], separators=(",", ":"))
-                rec["informative"] = "true" if rec["informative"] else "false"
-                w.writerow([rec[c] for c in insp.EXPORT_COLUMNS])
-                if buf.tell() > 64 * 1024:
-                    yield buf.getvalue()
-                    buf.seek(0)
-                    buf.truncate()
-            yield buf.getvalue()
-
-        body = csv_lines()
-        media = "text/csv"
-    filename = f"{run_id}-rewards.{format}"
-    return StreamingResponse(
-        body, media_type=media, headers={"Content-Disposition": f'attachment; filename="{filename}"'}
-    )
+    records = insp.export_records(engine.sessions, run.pk, step_from, step_to)
+    return download(records, insp.EXPORT_COLUMNS, format, f"{run_id}-rewards")
