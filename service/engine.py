@@ -3,7 +3,8 @@ named for its job —
 
 - ``runstate``: a run's state as a fold over its ordered event log (the reducer) and
   the bounded cache of states;
-- ``states``: keeping this process's states in step with the database's log;
+- ``states``: keeping this process's states in step with the database's log, the background
+  warmer, and ``spec_at``, the one resolver of the strategy in force at a step;
 - ``ingest``: reports and prompt upserts (validate, fingerprint, write, fold);
 - ``planning``: plans and plan extensions (the events that read the state);
 - ``runs``: create, attach, change strategy, list;

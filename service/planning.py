@@ -24,7 +24,7 @@ from .errors import Conflict, Invalid, NotFound, RunNotFound, TooLarge
 from .runstate import RunState, SealEvent
 from .scheduling import allocation, cost
 from .scheduling import strategies as strat
-from .states import StateStore, spec_for_step
+from .states import StateStore, spec_at
 from .storage import repository as repo
 from .storage.db import locked_read_session, write_session
 from .storage.models import Plan, Run
@@ -222,8 +222,7 @@ class Planner:
                 if bad:
                     raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
             check_allocation_size(self.settings, n_cand, lo, hi, "batch_size")
-            changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
-            spec = spec_for_step(cfg, changes, step)
+            spec = spec_at(s, run, step)
             state, seq = self._sealed(tx, spec, step)
             req = strat.PlanRequest(n_cand, cand_budget, lo, hi, step)
             # The reports still pending (of steps ≥ step − 1) count, from a copy (``read``).
@@ -322,8 +321,7 @@ class Planner:
                     n[pos[o]] = nn
                     k[pos[o]] = (rs - nn * lo) / (hi - lo)
             room = np.maximum(cfg["max_rollouts"] - planned, 0)
-            changes = repo.strategy_changes(s, run.pk) if "strategy_override" in cfg else []
-            state, seq = self._sealed(tx, spec_for_step(cfg, changes, plan.step), None)
+            state, seq = self._sealed(tx, spec_at(s, run, plan.step), None)
             with state.lock:
                 extra = state.strategy.extend(state.pool, ords, n, k, body.extra_budget, room)
                 pred = state.strategy.predict(state.pool, ords, plan.step)

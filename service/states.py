@@ -41,6 +41,17 @@ def spec_for_step(settings: dict[str, Any], changes: list[tuple[int, dict[str, A
     return spec
 
 
+def spec_at(session: Session, run: Run, step: int | None = None) -> dict[str, Any]:
+    """The one resolver of the strategy in force for a plan of ``step`` (default: the run's
+    next step): the creation spec unless the run's strategy was ever changed, else the
+    latest change at or before the step (``spec_for_step``). Every reader of the override
+    goes through here."""
+    if "strategy_override" not in run.settings:
+        return creation_spec(run.settings)
+    at = repo.next_step(session, run.pk) if step is None else step
+    return spec_for_step(run.settings, repo.strategy_changes(session, run.pk), at)
+
+
 class StateStore:
     def __init__(self, max_bytes: int) -> None:
         self.cache = StateCache(max_bytes)
@@ -73,9 +84,7 @@ class StateStore:
         return st
 
     def current_spec(self, session: Session, run: Run) -> dict[str, Any]:
-        if "strategy_override" not in run.settings:
-            return creation_spec(run.settings)
-        return spec_for_step(run.settings, repo.strategy_changes(session, run.pk), repo.next_step(session, run.pk))
+        return spec_at(session, run)
 
     def advance(self, state: RunState, event: Event) -> None:
         """Fold this process's own committed event, if the state is just before it."""
