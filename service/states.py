@@ -67,7 +67,7 @@ class StateStore:
         """The run's state under ``spec`` (default: the strategy in force for the next
         step), folded up to the run's log position ``run.log_seq``."""
         if spec is None:
-            spec = self.current_spec(session, run)
+            spec = spec_at(session, run)
         key = (run.id, spec_key(spec))
         with self._lock:
             st = self.cache.get(key)
@@ -83,9 +83,6 @@ class StateStore:
             self.on_state(st, run)
         return st
 
-    def current_spec(self, session: Session, run: Run) -> dict[str, Any]:
-        return spec_at(session, run)
-
     def advance(self, state: RunState, event: Event) -> None:
         """Fold this process's own committed event, if the state is just before it."""
         with state.lock:
@@ -96,8 +93,9 @@ class StateStore:
 
     def warm(self, state: RunState) -> None:
         """Ask the background warmer to bring ``state``'s read view up to date
-        (``RunState.warm``): after a report, so that the next plan does not fold it. At most
-        one request per state is queued; a plan that comes first does the work itself."""
+        (``RunState.warm``): after a plan (its deferred seal) and after a report (the view), so
+        that the next plan folds nothing. At most one request per state is queued; a plan
+        that comes first does the work itself."""
         with self._lock:
             if id(state) in self._warm_queued:
                 return

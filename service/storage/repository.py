@@ -116,7 +116,8 @@ def next_step(s: Session, run_pk: int) -> int:
     return 0 if last is None else int(last) + 1
 
 
-_MARK_STEP = text("INSERT INTO run_steps (run_pk, step) VALUES (:run_pk, :step) ON CONFLICT DO NOTHING")
+_STEP_ROW = "INSERT INTO run_steps (run_pk, step) VALUES (:run_pk, :step) ON CONFLICT DO NOTHING"
+_MARK_STEP = text(_STEP_ROW)
 
 
 def mark_step(s: Session, run_pk: int, step: int) -> None:
@@ -618,9 +619,8 @@ _PLAN_COLUMNS = (
 )
 _PLAN_ROW = f"INSERT INTO plans ({', '.join(_PLAN_COLUMNS)}) VALUES ({', '.join(':' + c for c in _PLAN_COLUMNS)})"
 _PLAN_COUNTERS = "UPDATE runs SET log_seq = :log_seq, n_plans = n_plans + 1 WHERE pk = :run_pk"
-_PLAN_STEP = "INSERT INTO run_steps (run_pk, step) VALUES (:run_pk, :step) ON CONFLICT DO NOTHING"
-_SQLITE_PLAN = tuple(text(q) for q in (_PLAN_ROW, _PLAN_STEP, _PLAN_COUNTERS))
-_PG_PLAN = text(f"WITH p AS ({_PLAN_ROW}), st AS ({_PLAN_STEP}) {_PLAN_COUNTERS}")
+_SQLITE_PLAN = tuple(text(q) for q in (_PLAN_ROW, _STEP_ROW, _PLAN_COUNTERS))
+_PG_PLAN = text(f"WITH p AS ({_PLAN_ROW}), st AS ({_STEP_ROW}) {_PLAN_COUNTERS}")
 
 
 def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, costs: PlanCosts | None = None) -> None:
@@ -696,9 +696,12 @@ def index_plan_items(s: Session, run_pk: int) -> int:
     (what the inspection queries join), and mark them indexed; the caller holds the run's
     lock. Returns the number of plans indexed."""
     todo = s.execute(select(Plan.id, Plan.items).where(Plan.run_pk == run_pk, Plan.items_indexed.is_(False))).all()
+    rows: list[tuple] = []  # every plan's rows, written in one statement (COPY on PostgreSQL)
     for plan_id, buf in todo:
         if buf is not None:
-            insert_plan_items(s, plan_id, 0, 0, *unpack_items(buf))
+            o, r, p = (c.tolist() for c in unpack_items(buf))
+            rows += [(plan_id, i, *item, 0) for i, item in enumerate(zip(o, r, p))]
+    bulk_insert(s, "plan_items", PLAN_ITEM_COLUMNS, rows)
     if todo:
         s.execute(update(Plan).where(Plan.id.in_([t[0] for t in todo])).values(items_indexed=True))
     return len(todo)
