@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..service.predictor.features import hash_texts
+from ..service.scheduling.features import hash_texts
 from ..service.scheduling import strategies as strat
 from .sim import Learner, SimConfig, _observations, arithmetic_prompts, arm_strategy
 

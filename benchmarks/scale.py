@@ -54,7 +54,9 @@ ROLLOUTS = 16
 
 # -- state: bytes per prompt per strategy, in process ------------------------------------
 def state_bytes(strategies: list[str], pool: int, trace: bool) -> dict:
-    from rollplan.service.runstate import PromptsEvent, ReportEvent, RunState, SealEvent, _array_bytes
+    from rollplan.service.log.events import PromptsEvent, ReportEvent, SealEvent
+    from rollplan.service.log.shadow import _array_bytes
+    from rollplan.service.log.state import RunState
 
     out = {}
     for name in strategies:

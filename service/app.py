@@ -306,6 +306,18 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
     app.include_router(predictor.router)
     ui.mount(app)
     app.include_router(keys.router)
+    _add_docs(app, settings)
+    prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
+    app.state.metrics = prom
+    app.add_middleware(RequestMetrics, metrics=prom, replica=settings.replica_name)
+    _add_error_handlers(app)
+    _add_operations(app, prom)
+
+    return BodyLimit(app, settings.max_body_bytes)
+
+
+def _add_docs(app: FastAPI, settings: Settings) -> None:
+    """The OpenAPI document (by auth mode) and the docs pages, served from local assets."""
     base_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -363,9 +375,10 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         html = bytes(page.body).decode().replace("<script src=", _REDOC_NO_REMOTE_IMAGES + "<script src=", 1)
         return HTMLResponse(html)
 
-    prom = Metrics(lambda: getattr(getattr(app.state, "engine", None), "sessions", None))
-    app.state.metrics = prom
-    app.add_middleware(RequestMetrics, metrics=prom, replica=settings.replica_name)
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``application/problem+json``: the service's own, the database's
+    transient ones (503, retry), validation (422 naming the field) and HTTP errors."""
 
     @app.exception_handler(RollplanError)
     async def _rollplan_error(_: Request, exc: RollplanError):
@@ -401,6 +414,10 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
             headers = {**(headers or {}), "Allow": allow}
         return _problem(exc.status_code, title, str(exc.detail), headers=headers)
 
+
+def _add_operations(app: FastAPI, prom: Metrics) -> None:
+    """Liveness, readiness and the Prometheus exposition."""
+
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict:
         """The process is up (no I/O)."""
@@ -421,5 +438,3 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         """Prometheus text exposition (see ``service/metrics.py``; several workers:
         set ``PROMETHEUS_MULTIPROC_DIR``)."""
         return PlainTextResponse(prom.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    return BodyLimit(app, settings.max_body_bytes)

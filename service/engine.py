@@ -1,14 +1,14 @@
 """The service's one entry point for the API: a facade over the parts, each in a file
 named for its job —
 
-- ``runstate``: a run's state as a fold over its ordered event log (the reducer) and
-  the bounded cache of states;
-- ``states``: keeping this process's states in step with the database's log, the background
-  warmer, and ``spec_at``, the one resolver of the strategy in force at a step;
-- ``ingest``: reports and prompt upserts (validate, fingerprint, write, fold);
-- ``planning``: plans and plan extensions (the events that read the state);
-- ``runs``: create, attach, change strategy, list;
-- ``reads``: prompts with their estimates;
+- ``log``: a run's state as a fold over its ordered event log (events, the reducer, the
+  prompt ids, the read view) — no I/O;
+- ``store``: this process's states (the bounded cache) kept in step with the database's
+  log, the background warmer, and ``spec_at``, the one resolver of the strategy in force;
+- one service per resource of the API: ``runs`` (create, attach, change strategy, list),
+  ``prompts`` (upserts, and prompts with their estimates), ``plans`` (plans and plan
+  extensions, the events that read the state), ``reports`` (validate, fingerprint, write,
+  fold);
 - ``storage.repository``: every SQL statement of those paths and every dialect difference
   (the other readers' statements in ``storage``'s other modules, one per reader);
 - ``inspection``: read-only views for the inspection API and the dashboard.
@@ -21,19 +21,19 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from .config import Settings
-from .ingest import Ingest
-from .planning import PlanJSON, Planner
+from .log.state import RunState
+from .plans import PlanJSON, Planner
 from .predictor.trainer import PredictorManager
-from .reads import Reads
+from .prompts import Prompts
+from .reports import Reports
 from .run_metrics import RunMetrics
-from .runs import Runs, build_strategy, current_strategy, normalise_settings
-from .runstate import RunState
-from .states import StateStore
+from .runs import Runs, build_strategy, normalise_settings
 from .storage import repository as repo
 from .storage.db import write_session
 from .storage.models import Run
+from .store import StateStore
 
-__all__ = ["Engine", "PlanJSON", "build_strategy", "current_strategy", "normalise_settings"]
+__all__ = ["Engine", "PlanJSON", "build_strategy", "normalise_settings"]
 
 
 class Engine:
@@ -42,20 +42,20 @@ class Engine:
         self.sessions = sessions
         self.metrics = metrics  # service.metrics.Metrics, or None
         self.store = StateStore(settings.state_cache_bytes)
-        ingest = Ingest(settings, sessions, self.store, metrics)
-        planner = Planner(settings, sessions, self.store, metrics)
         runs = Runs(sessions, self.store)
-        reads = Reads(settings, self.store, runs)
+        prompts = Prompts(settings, sessions, self.store, runs)
+        planner = Planner(settings, sessions, self.store, metrics)
+        reports = Reports(settings, sessions, self.store, metrics)
         # The learned pass-rate predictor's background trainer (no torch import until a run uses it).
         self.predictor = PredictorManager(sessions, settings.predictor_retrain_groups, settings.predictor_train_steps)
         self.store.on_state = self.predictor.touch
         # What the routers call, by job.
-        self.report, self.upsert_prompts = ingest.report, ingest.upsert_prompts
+        self.report, self.upsert_prompts = reports.report, prompts.upsert_prompts
         self.plan, self.extend = planner.plan, planner.extend
         self.get_run, self.put_run, self.change_strategy = runs.get_run, runs.put_run, runs.change_strategy
         self.run_out, self.list_runs, self.strategy_state = runs.run_out, runs.list_runs, runs.strategy_state
-        self.prompt_rows, self.list_prompts = reads.prompt_rows, reads.list_prompts
-        self.prompt, self.prompt_detail = reads.prompt, reads.prompt_detail
+        self.prompt_rows, self.list_prompts = prompts.prompt_rows, prompts.list_prompts
+        self.prompt, self.prompt_detail = prompts.prompt, prompts.prompt_detail
         self.run_metrics = RunMetrics(settings, sessions)
 
     def context(self, session: Session, run: Run) -> RunState:

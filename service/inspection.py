@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from .runstate import RunState
+from .log.state import RunState
 from .scheduling import coverage as cov
 from .scheduling.pool import Observations, PoolState
 from .storage import inspection as sql

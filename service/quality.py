@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from .runstate import RunState
+from .log.state import RunState
 from .scheduling.pool import PoolState
 from .scheduling.trackers import SkillTracker
 

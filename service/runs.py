@@ -13,10 +13,10 @@ from . import schemas
 from .errors import Conflict, Invalid, RunNotFound
 from .predictor import available as predictor_available
 from .scheduling import strategies as strat
-from .states import StateStore
 from .storage import repository as repo
 from .storage.db import write_session
 from .storage.models import Run
+from .store import StateStore, creation_settings, latest_spec, set_strategy
 
 
 def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
@@ -55,15 +55,6 @@ def build_strategy(spec: schemas.StrategySpec, loc: str = "body.strategy") -> st
         why = "the learned predictor needs torch on the server (pip install 'rollplan[torch]'); it is not installed"
         raise Invalid(f"{loc}.params.predictor: {why}", errors=[{"loc": f"{loc}.params.predictor", "msg": why}])
     return strategy
-
-
-def current_strategy(settings: dict[str, Any]) -> dict[str, Any]:
-    """The latest strategy set: the latest mid-run change, else the one the run was created with."""
-    return settings.get("strategy_override") or settings["strategy"]
-
-
-def creation_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in settings.items() if k != "strategy_override"}
 
 
 class Runs:
@@ -116,7 +107,7 @@ class Runs:
             run = self.get_run(s, run_id)
             step = body.step if body.step is not None else repo.next_step(s, run.pk)
             repo.add_strategy_change(s, run, step, spec)
-            run.settings = {**run.settings, "strategy_override": spec}
+            run.settings = set_strategy(run.settings, spec)
             return run
 
     def run_out(self, session: Session, run: Run, with_state: bool = True) -> schemas.RunOut:
@@ -140,7 +131,7 @@ class Runs:
             out.append(
                 schemas.RunOut(
                     id=run.id,
-                    strategy=schemas.StrategySpec(**current_strategy(cfg)),
+                    strategy=schemas.StrategySpec(**latest_spec(cfg)),
                     strategy_history=hist[run.pk],
                     warm_start_from=cfg.get("warm_start_from"),
                     strategy_state=state,

@@ -297,7 +297,7 @@ def test_report_acknowledged_before_the_fingerprint_change_still_deduplicates(cl
     import sqlalchemy as sa
 
     from rollplan.service.schemas import ResultsIn
-    from rollplan.service.ingest import legacy_report_hash
+    from rollplan.service.reports import legacy_report_hash
 
     make_run(client)
     groups = [("set/1", [1, 0]), ("set/2", [0.25, 1])]

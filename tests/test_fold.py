@@ -76,7 +76,8 @@ def test_live_restart_and_replica_agree(name, seed, chunks):
 
 
 # -- the service's reducer (RunState): chunking, order and prompt updates ------------------
-from rollplan.service.runstate import PENDING_MAX_GROUPS, PromptsEvent, ReportEvent, RunState, SealEvent  # noqa: E402
+from rollplan.service.log.events import PromptsEvent, ReportEvent, SealEvent  # noqa: E402
+from rollplan.service.log.state import PENDING_MAX_GROUPS, RunState  # noqa: E402
 
 
 def _events(seed: int, chunks: list[int], shuffle: bool):

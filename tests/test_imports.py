@@ -16,13 +16,16 @@ def _module(path: Path) -> str:
     return ".".join(["service", *parts])
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(lazy: bool = False) -> dict[str, set[str]]:
+    """Module → the service's modules it imports (relative imports; ``lazy``: those inside
+    functions too, else the module level only, where a cycle would break the import)."""
     mods = {_module(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are allowed
-            if isinstance(node, ast.If):  # TYPE_CHECKING blocks are not imports at run time
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if lazy else tree.body:  # module level: lazy imports are allowed
+            if not lazy and isinstance(node, ast.If):  # TYPE_CHECKING blocks are not imports at run time
                 continue
             if isinstance(node, ast.ImportFrom) and node.level:
                 base = pkg.split(".")
@@ -55,6 +58,43 @@ def test_no_import_cycles():
         if m not in state:
             visit(m)
     assert "service.engine" in graph and graph["service.engine"]  # the graph was read
+
+
+def test_the_fold_and_the_scheduling_core_import_nothing_above_them():
+    """The layer rule (``docs/ARCHITECTURE.md``), lazy imports included: ``scheduling/``
+    imports only itself; ``log/`` (the fold, no I/O) only itself and ``scheduling/``;
+    ``storage/`` knows of the fold only its events."""
+    graph = _graph(lazy=True)
+    allowed = {
+        "service.scheduling": ("service.scheduling",),
+        "service.log": ("service.log", "service.scheduling"),
+    }
+    wrong = {
+        (m, t)
+        for m, targets in graph.items()
+        for layer, ok in allowed.items()
+        if m == layer or m.startswith(layer + ".")
+        for t in targets
+        if not any(t == a or t.startswith(a + ".") for a in ok)
+    }
+    wrong |= {
+        (m, t)
+        for m, targets in graph.items()
+        if m.startswith("service.storage")
+        for t in targets
+        if t.startswith("service.log") and t not in ("service.log", "service.log.events")
+    }
+    assert not wrong, sorted(wrong)
+    assert graph["service.log.state"] >= {"service.log.events", "service.scheduling.strategies"}  # the graph was read
+    assert "service.log.events" in graph["service.storage.repository"]
+
+
+def test_one_service_module_per_resource_router():
+    """``api/X.py`` ↔ ``service/X.py`` for the resources of the API."""
+    for resource in ("runs", "prompts", "plans", "reports"):
+        assert (ROOT / "api" / f"{resource}.py").is_file(), resource
+        assert (ROOT / f"{resource}.py").is_file(), resource
+        assert f"service.{resource}" in _graph()["service.engine"], resource
 
 
 def test_no_service_module_imports_a_router():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
-from rollplan.service.runstate import PromptIds
+from rollplan.service.log.prompt_ids import PromptIds
 from rollplan.service.storage.db import literal
 from test_api import make_run
 

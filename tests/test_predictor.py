@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rollplan.benchmarks.predictor import arithmetic_prompts
-from rollplan.service.predictor.features import DIM, hash_texts
+from rollplan.service.scheduling.features import DIM, hash_texts
 from rollplan.service.scheduling import strategies as strat
 from rollplan.service.scheduling.pool import PoolState
 
@@ -34,7 +34,7 @@ def test_features_are_stable_and_batch_independent():
         a = f.rows(np.array([i]))
         assert np.array_equal(np.sort(a.indices), np.sort(one.indices))
     # Stable across processes (no salted hash()).
-    code = "from rollplan.service.predictor.features import hash_texts; print(hash_texts(['What is 12 + 7?']).indices.tolist())"
+    code = "from rollplan.service.scheduling.features import hash_texts; print(hash_texts(['What is 12 + 7?']).indices.tolist())"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout
     assert json.loads(other) == one.indices.tolist()

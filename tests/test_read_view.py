@@ -14,8 +14,10 @@ import copy
 
 import numpy as np
 import pytest
-from rollplan.service import runstate as rs
-from rollplan.service.runstate import PromptsEvent, ReportEvent, RunState, SealEvent, StrategyEvent, _array_bytes
+from rollplan.service.log import state as rs
+from rollplan.service.log.events import PromptsEvent, ReportEvent, SealEvent, StrategyEvent
+from rollplan.service.log.shadow import _array_bytes
+from rollplan.service.log.state import RunState
 from rollplan.service.scheduling import strategies as strat
 
 
@@ -309,7 +311,7 @@ def test_the_store_warms_in_its_background_thread():
     assert not never.looked.warm() and never.looked._shadow is None
     import time
 
-    from rollplan.service.states import StateStore
+    from rollplan.service.store import StateStore
 
     store = StateStore(1 << 30)
     run = _Run("default", 2)

@@ -253,7 +253,7 @@ def test_stale_reports_are_down_weighted():
 
 
 def test_group_abs_advantage():
-    from rollplan.service.ingest import group_abs_advantage
+    from rollplan.service.reports import group_abs_advantage
 
     groups = [[1, 0, 0, 0], [1, 1, 1, 1], [0.5, 0.0, 1.0], [1, 0]]
     lengths = np.array([len(g) for g in groups])

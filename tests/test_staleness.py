@@ -165,7 +165,7 @@ def interleavings(draw):
     """Reports in step order (two per step); each plan request placed at any step boundary
     before the end, so plans run up to a few steps ahead of the reports (and some come
     late). A plan of step t is an event that seals the reports of steps ≤ t − 2
-    (``runstate``): one placed between two reports of such a step splits that step,
+    (``log.state``): one placed between two reports of such a step splits that step,
     which the fold tests cover."""
     n_reports = 2 * STEPS
     plan_steps = list(range(STEPS + 2))

@@ -13,15 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rollplan.service.runstate import (
-    PromptIds,
-    PromptsEvent,
-    ReportEvent,
-    RunState,
-    SealEvent,
-    StateCache,
-    _array_bytes,
-)
+from rollplan.service.log.events import PromptsEvent, ReportEvent, SealEvent
+from rollplan.service.log.prompt_ids import PromptIds
+from rollplan.service.log.shadow import _array_bytes
+from rollplan.service.log.state import RunState
+from rollplan.service.store import StateCache
 from rollplan.service.scheduling.pool import Observations
 
 

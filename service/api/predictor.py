@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from ..engine import current_strategy
 from ..predictor import available
+from ..store import latest_spec
 from .deps import RESPONSES, EngineDep, RunIdPath, SessionDep, require_key
 
 router = APIRouter(prefix="/v1/runs/{run_id}", dependencies=[Depends(require_key)], tags=["inspection"])
@@ -105,7 +105,7 @@ def get_predictor(run_id: RunIdPath, engine: EngineDep, session: SessionDep) -> 
     st = engine.predictor.state(run.pk)
     preq = [m.get("prequential") or {} for _, _, m in rows]
     return PredictorOut(
-        enabled=bool(current_strategy(run.settings)["params"].get("predictor", False)),
+        enabled=bool(latest_spec(run.settings)["params"].get("predictor", False)),
         available=available(),
         version=rows[-1][0] if rows else None,
         training=bool(st and st.busy),

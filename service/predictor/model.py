@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .features import Features
+from ..scheduling.features import Features
 
 _TORCH_LOCK = threading.Lock()  # set_num_threads is process-wide: one fit at a time
 

@@ -29,10 +29,10 @@ import numpy as np
 from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..scheduling.features import Features, empty, hash_texts
 from ..storage import predictor as store
 from ..storage.db import write_session
 from ..storage.models import Run
-from .features import Features, empty, hash_texts
 
 log = logging.getLogger(__name__)
 

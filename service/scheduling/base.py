@@ -144,13 +144,3 @@ class Strategy(Generic[P]):
         flat = np.argsort(-gains, axis=None, kind="stable")[:budget]
         np.add.at(out, keep[flat // cap], 1)
         return out
-
-
-REGISTRY: dict[str, type[Strategy]] = {}
-
-
-def build(name: str, params: dict | None) -> Strategy:
-    """Build a strategy; raises KeyError for an unknown name, pydantic's
-    ValidationError for bad parameters."""
-    cls = REGISTRY[name]
-    return cls(cls.Params.model_validate(params or {}))

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from . import allocation, selection
-from .base import REGISTRY, PlanDecision, PlanRequest, Strategy, StrategyParams
+from .base import PlanDecision, PlanRequest, Strategy, StrategyParams
 from .pool import Observations, PoolState
 from .util import grow
 
@@ -385,6 +385,3 @@ class OpenInstruct(Strategy[OpenInstructParams]):
             "active_prompts": n_active,
             "epoch": int(pool.groups[active].min()) if n_active else None,
         }
-
-
-REGISTRY.update({s.name: s for s in (PrimeRL, OpenInstruct)})

@@ -26,16 +26,15 @@ from scipy import stats as scipy_stats
 from . import allocation, bandits, selection
 from .base import (  # noqa: F401  (re-exported: the strategies' public names)
     ALLOCATORS,
-    REGISTRY,
     Allocator,
     PlanDecision,
     PlanRequest,
     Strategy,
     StrategyParams,
     allocate,
-    build,
     plan_rng,
 )
+from .baselines import OpenInstruct, PrimeRL
 from .hmm import SolveStateHMM
 from .irt import SkillDifficultyModel
 from .pool import PoolState
@@ -814,30 +813,33 @@ class Default(Frontier[DefaultParams]):
     Params = DefaultParams
 
 
-REGISTRY.update(
-    {
-        s.name: s
-        for s in (
-            Default,
-            Uniform,
-            BetaThompson,
-            Frontier,
-            DPS,
-            DUMPStrategy,
-            SECStrategy,
-            GDROStrategy,
-            AdaRFT,
-            E2HStrategy,
-            GRESO,
-            Knapsack,
-            PilotCommit,
-            ZPPO,
-            PLR,
-        )
-    }
-)
+# -- the registry: every strategy by name, the built-ins first, then the trainers' baselines ---
+REGISTRY: dict[str, type[Strategy]] = {
+    s.name: s
+    for s in (
+        Default,
+        Uniform,
+        BetaThompson,
+        Frontier,
+        DPS,
+        DUMPStrategy,
+        SECStrategy,
+        GDROStrategy,
+        AdaRFT,
+        E2HStrategy,
+        GRESO,
+        Knapsack,
+        PilotCommit,
+        ZPPO,
+        PLR,
+        PrimeRL,
+        OpenInstruct,
+    )
+}
 
 
-# The baselines (prime_rl, open_instruct) subclass Strategy and add themselves to REGISTRY
-# (after the built-ins, so the registry lists those first).
-from . import baselines as _baselines  # noqa: E402,F401
+def build(name: str, params: dict | None) -> Strategy:
+    """Build a strategy; raises KeyError for an unknown name, pydantic's
+    ValidationError for bad parameters."""
+    cls = REGISTRY[name]
+    return cls(cls.Params.model_validate(params or {}))

@@ -2,7 +2,7 @@
 (numpy and scipy; no torch, no background thread).
 
 **Features** (``PromptText``, kept in the pool when the strategy reads text): a prompt
-that comes with ``text`` gets a bag of hashed n-grams (``predictor.features.hash_texts``:
+that comes with ``text`` gets a bag of hashed n-grams (``features.hash_texts``:
 character 1–4-grams, words, word bigrams) folded to ``DIM`` rows, repeats summed, its
 first ``MAX_FEATURES`` kept, the longest kinds first (word bigrams, words, then character
 4- to 1-grams) — 4 bytes a feature, so a pool's text costs at most 512 bytes a prompt
@@ -41,7 +41,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.linalg import LinearOperator, cg
 
-from ..predictor.features import hash_texts
+from .features import hash_texts
 from .util import grow
 
 DIM = 1 << 12

@@ -1,7 +1,7 @@
 """SQLAlchemy 2 models. The schema changes only through Alembic (``migrations/``).
 
 A run's ordered event log is the source of truth; every estimator state is a fold
-over it (``service/runstate.py``). Each write of a run takes the next position of
+over it (``service/log/``). Each write of a run takes the next position of
 the run's log, ``runs.log_seq``, under the run's lock, so log order is commit order:
 prompt upserts (``prompt_events``), reports (``reports.report_seq``; their groups in
 ``results``, ordered by ``(report_seq, position)``), plans and extensions

@@ -16,7 +16,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
-from ..runstate import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
+from ..log.events import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
 from ..scheduling.cost import COST_FIELDS, cost_or_none
 from .db import bulk_insert, copy_text, literal
 from .models import (
@@ -148,76 +148,7 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
         q = q.where(col > after)
         return q if upto is None else q.where(col <= upto)
 
-    events: list[Event] = []
-    rows = s.execute(
-        window(
-            select(
-                PromptEvent.seq,
-                PromptEvent.ordinal,
-                PromptEvent.created,
-                Prompt.id,
-                PromptEvent.domain,
-                PromptEvent.prior_pass_rate,
-                PromptEvent.prior_strength,
-                PromptEvent.text,
-                PromptEvent.embedding,
-            )
-            .join(Prompt, (Prompt.run_pk == PromptEvent.run_pk) & (Prompt.ordinal == PromptEvent.ordinal))
-            .where(PromptEvent.run_pk == run_pk),
-            PromptEvent.seq,
-        ).order_by(PromptEvent.seq, PromptEvent.ordinal)
-    ).all()
-    if rows:
-        seqs, ords, created, ids, doms, priors, strengths, texts, embeddings = zip(*rows)
-        for a, b in _runs(np.asarray(seqs, np.int64)):
-            events.append(
-                PromptsEvent(
-                    seq=int(seqs[a]),
-                    ordinals=np.asarray(ords[a:b], np.int64),
-                    ids=[i if c else None for i, c in zip(ids[a:b], created[a:b])],
-                    domains=list(doms[a:b]),
-                    priors=_floats(priors[a:b]),
-                    strengths=_floats(strengths[a:b]),
-                    texts=list(texts[a:b]),
-                    embeddings=list(embeddings[a:b]),
-                )
-            )
-    rows = s.execute(
-        window(
-            select(
-                Result.report_seq,
-                Result.step,
-                Result.prompt_ordinal,
-                Result.n,
-                Result.reward_sum,
-                Result.informative,
-                Result.abs_adv,
-                Result.tok_n,
-                Result.tok_sum,
-                Result.tok_sq,
-                Result.trunc_n,
-                Result.trunc_k,
-                Result.pass_nt,
-            ).where(Result.run_pk == run_pk),
-            Result.report_seq,
-        ).order_by(Result.report_seq, Result.position)
-    ).all()
-    if rows:
-        cols = [np.asarray(c) for c in zip(*rows)]
-        cost = np.stack([c.astype(np.float64) for c in cols[7:13]], axis=1)
-        for a, b in _runs(cols[0].astype(np.int64)):
-            events.append(
-                ReportEvent(
-                    seq=int(cols[0][a]),
-                    step=int(cols[1][a]),
-                    ordinals=cols[2][a:b].astype(np.int64),
-                    n=cols[3][a:b].astype(np.int64),
-                    reward_sum=cols[4][a:b].astype(np.float64),
-                    informative=cols[5][a:b].astype(bool),
-                    abs_adv=cols[6][a:b].astype(np.float64),
-                    cost=cost_or_none(cost[a:b]),
-                )
-            )
+    events: list[Event] = [*_prompt_events(s, run_pk, window), *_report_events(s, run_pk, window)]
     for seq, step in s.execute(window(select(Plan.log_seq, Plan.step).where(Plan.run_pk == run_pk), Plan.log_seq)):
         events.append(SealEvent(int(seq), int(step)))
     for (seq,) in s.execute(
@@ -238,6 +169,87 @@ def load_events(s: Session, run_pk: int, after: int, upto: int | None = None) ->
         events.append(StrategyEvent(int(seq), int(step), spec))
     events.sort(key=lambda e: e.seq)
     return events
+
+
+def _prompt_events(s: Session, run_pk: int, window) -> list[PromptsEvent]:
+    """The upserts' events in the window: ``prompt_events`` rows, one event per log position."""
+    rows = s.execute(
+        window(
+            select(
+                PromptEvent.seq,
+                PromptEvent.ordinal,
+                PromptEvent.created,
+                Prompt.id,
+                PromptEvent.domain,
+                PromptEvent.prior_pass_rate,
+                PromptEvent.prior_strength,
+                PromptEvent.text,
+                PromptEvent.embedding,
+            )
+            .join(Prompt, (Prompt.run_pk == PromptEvent.run_pk) & (Prompt.ordinal == PromptEvent.ordinal))
+            .where(PromptEvent.run_pk == run_pk),
+            PromptEvent.seq,
+        ).order_by(PromptEvent.seq, PromptEvent.ordinal)
+    ).all()
+    if not rows:
+        return []
+    seqs, ords, created, ids, doms, priors, strengths, texts, embeddings = zip(*rows)
+    return [
+        PromptsEvent(
+            seq=int(seqs[a]),
+            ordinals=np.asarray(ords[a:b], np.int64),
+            ids=[i if c else None for i, c in zip(ids[a:b], created[a:b])],
+            domains=list(doms[a:b]),
+            priors=_floats(priors[a:b]),
+            strengths=_floats(strengths[a:b]),
+            texts=list(texts[a:b]),
+            embeddings=list(embeddings[a:b]),
+        )
+        for a, b in _runs(np.asarray(seqs, np.int64))
+    ]
+
+
+def _report_events(s: Session, run_pk: int, window) -> list[ReportEvent]:
+    """The reports' events in the window: their ``results`` rows in position order, one
+    event per report, the cost columns back as the report's cost block (``cost_or_none``:
+    the event the live process folded)."""
+    rows = s.execute(
+        window(
+            select(
+                Result.report_seq,
+                Result.step,
+                Result.prompt_ordinal,
+                Result.n,
+                Result.reward_sum,
+                Result.informative,
+                Result.abs_adv,
+                Result.tok_n,
+                Result.tok_sum,
+                Result.tok_sq,
+                Result.trunc_n,
+                Result.trunc_k,
+                Result.pass_nt,
+            ).where(Result.run_pk == run_pk),
+            Result.report_seq,
+        ).order_by(Result.report_seq, Result.position)
+    ).all()
+    if not rows:
+        return []
+    cols = [np.asarray(c) for c in zip(*rows)]
+    cost = np.stack([c.astype(np.float64) for c in cols[7:13]], axis=1)
+    return [
+        ReportEvent(
+            seq=int(cols[0][a]),
+            step=int(cols[1][a]),
+            ordinals=cols[2][a:b].astype(np.int64),
+            n=cols[3][a:b].astype(np.int64),
+            reward_sum=cols[4][a:b].astype(np.float64),
+            informative=cols[5][a:b].astype(bool),
+            abs_adv=cols[6][a:b].astype(np.float64),
+            cost=cost_or_none(cost[a:b]),
+        )
+        for a, b in _runs(cols[0].astype(np.int64))
+    ]
 
 
 def _runs(seqs: np.ndarray) -> list[tuple[int, int]]:
@@ -530,48 +542,43 @@ _PG_REPORT_NEW_STEP = text(
 def insert_report(
     s: Session,
     run: Run,
-    seq: int,
+    event: ReportEvent,
     report_id: str,
     body_hash: str,
-    step: int,
     plan_id: str | None,
-    ordinals: np.ndarray,
-    lengths: np.ndarray,
-    sums: np.ndarray,
-    informative: np.ndarray,
-    abs_adv: np.ndarray,
     staleness: int,
     texts: list[str],
     step_known: bool,
-    cost: np.ndarray | None = None,
 ) -> None:
-    """The report, its rows of the reward log (with the groups' ``cost``, (G, 6) or None:
-    zeros), the step and the run's counters."""
-    k = len(texts)
-    n_rollouts, n_informative = int(lengths.sum()), int(lengths[informative].sum())
-    _insert_results(s, run.pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts, cost)
-    params = {"pk": run.pk, "seq": seq, "rid": report_id, "hash": body_hash, "step": step, "plan": plan_id, "k": k,
-              "nr": n_rollouts, "ni": n_informative}  # fmt: skip
+    """The report's ``event`` (the one the fold applies), its rows of the reward log (each
+    group's rewards as JSON ``texts``; the groups' cost, zeros where none) with its
+    ``staleness``, the step and the run's counters."""
+    e, k = event, len(texts)
+    n_rollouts, n_informative = int(e.n.sum()), int(e.n[e.informative].sum())
+    _insert_results(s, run.pk, e, staleness, texts)
+    params = {"pk": run.pk, "seq": e.seq, "rid": report_id, "hash": body_hash, "step": e.step, "plan": plan_id,
+              "k": k, "nr": n_rollouts, "ni": n_informative}  # fmt: skip
     if is_postgres(s):  # the report, the step and the counters in one round trip
         s.execute(_PG_REPORT_KNOWN_STEP if step_known else _PG_REPORT_NEW_STEP, params)
     else:
         s.execute(_REPORT_ROW, params)
         if not step_known:
-            mark_step(s, run.pk, step)
+            mark_step(s, run.pk, e.step)
         s.execute(_RUN_COUNTERS, params)
     # Mirror the SQL update on the row (the predictor reads it) without marking it changed:
     # the UPDATE above wrote it, a flush must not write it again.
     for name, value in (
-        ("log_seq", seq), ("report_seq", seq), ("n_results", run.n_results + k),
+        ("log_seq", e.seq), ("report_seq", e.seq), ("n_results", run.n_results + k),
         ("n_rollouts", run.n_rollouts + n_rollouts), ("n_informative_rollouts", run.n_informative_rollouts + n_informative),
     ):  # fmt: skip
         set_committed_value(run, name, value)
 
 
-def _insert_results(
-    s, run_pk, seq, step, staleness, ordinals, lengths, sums, informative, abs_adv, texts, cost=None
-) -> None:
-    cols = zip(ordinals.tolist(), lengths.tolist(), sums.tolist(), informative.tolist(), abs_adv.tolist(), texts)
+def _insert_results(s: Session, run_pk: int, e: ReportEvent, staleness: int, texts: list[str]) -> None:
+    seq, step, cost = e.seq, e.step, e.cost
+    cols = zip(
+        e.ordinals.tolist(), e.n.tolist(), e.reward_sum.tolist(), e.informative.tolist(), e.abs_adv.tolist(), texts
+    )
     # The cost columns: five counts and token sums (exact integers), a reward sum.
     if cost is None:
         cost_rows: list[tuple] = [(0, 0, 0, 0, 0, 0.0)] * len(texts)

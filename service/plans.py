@@ -1,7 +1,7 @@
 """Plans and plan extensions: the events that read a run's state.
 
 A created plan (or extension) is an event of the run's log: it seals the state (the
-reports pending since the last seal are applied, see ``runstate``) and reads it. The
+reports pending since the last seal are applied, see ``log.state``) and reads it. The
 plan of a step is decided once; asked again it is read back from the database.
 """
 
@@ -21,13 +21,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from . import schemas
 from .config import Settings
 from .errors import Conflict, Invalid, NotFound, RunNotFound, TooLarge
-from .runstate import RunState, SealEvent
+from .log.events import SealEvent
+from .log.state import RunState
 from .scheduling import allocation, cost
 from .scheduling import strategies as strat
-from .states import StateStore, spec_at
+from .scheduling.pool import PoolState
 from .storage import repository as repo
 from .storage.db import locked_read_session, write_session
 from .storage.models import Plan, Run
+from .store import StateStore, spec_at
 
 
 @dataclass
@@ -111,6 +113,31 @@ def stored_costs(rows: list[tuple[float | None, int | None, bool | None]]):
     return tok, hint, flag
 
 
+def decide(state: RunState, pool: PoolState, req: strat.PlanRequest, body: schemas.PlanIn, rng: np.random.Generator):
+    """The plan's items from the strategy's decision: (ordinals, rollouts, predicted pass
+    rates, costs). With a token budget ``cost.token_plan`` keeps the candidates and splits the
+    tokens; where the pool has cost evidence (or a hint was asked) the items carry their
+    expected tokens and hints (``cost.item_costs``), else ``costs`` is None."""
+    decision = state.strategy.plan(pool, req, rng)
+    ords: np.ndarray = decision.ordinals
+    rolls: np.ndarray = decision.rollouts
+    pred: np.ndarray = decision.predicted_pass_rate
+    if body.token_budget is None and not pool.cost.active and body.max_new_tokens is None:
+        return ords, rolls, pred, None
+    if body.token_budget is not None:
+        lo, hi = req.min_rollouts, req.max_rollouts
+        keep, alloc = cost.token_plan(pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget)
+        if keep.size == 0:
+            cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords)["tokens"].min())
+            why = (
+                f"token_budget {body.token_budget} is below the expected cost of a first group "
+                f"(max(min_rollouts, 2) rollouts) of the cheapest candidate ({cheapest:.0f} tokens)"
+            )
+            raise Invalid(f"token_budget: {why}", errors=[{"loc": "body.token_budget", "msg": why}])
+        ords, rolls, pred = ords[keep], alloc, pred[keep]
+    return ords, rolls, pred, cost.item_costs(pool, ords, rolls, body.max_new_tokens)
+
+
 def check_allocation_size(settings: Settings, batch_size: int, lo: int, hi: int, loc: str) -> None:
     """The table-based allocators hold batch × (max − min rollouts) marginal gains: bounded."""
     cells = batch_size * max(hi - lo, 0)
@@ -188,66 +215,26 @@ class Planner:
     def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, PlanJSON]:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
-        tokens = body.token_budget is not None
         with self._plan_transaction(run_id, body.step) as (tx, next_step, existing_id):
             s, run = tx.session, tx.run
-            cfg = run.settings
-            budget = body.rollout_budget or body.batch_size * cfg["rollouts_per_prompt"]
+            budget = body.rollout_budget or body.batch_size * run.settings["rollouts_per_prompt"]
             if budget > self.settings.max_rollout_budget:
                 raise TooLarge(f"rollout_budget: {budget} exceeds the limit of {self.settings.max_rollout_budget}")
             step = body.step if body.step is not None else next_step
             existing = None if existing_id is None else repo.plan_by_id(s, run.pk, existing_id)
             if existing is not None:
                 self._same_request(existing, body, budget, step)
-                state = self.store.state(s, run)
                 o, r, p = repo.stored_plan_items(s, existing)
                 costs = None if existing.items is not None else stored_costs(repo.plan_item_costs(s, existing.id))
-                return False, plan_out(state, existing, o, r, p, costs)
-            if run.n_prompts < body.batch_size:
-                raise Conflict(
-                    f"batch_size: the run's pool has {run.n_prompts} prompts, fewer than batch_size "
-                    f"{body.batch_size}; register more prompts or ask for a smaller batch"
-                )
-            lo, hi = cfg["min_rollouts"], cfg["max_rollouts"]
-            if tokens:
-                # Candidates: the strategy ranks twice the batch (its own rule, its default split).
-                n_cand = min(run.n_prompts, 2 * body.batch_size)
-                cand_budget = n_cand * cfg["rollouts_per_prompt"]
-                if body.rollout_budget is not None and body.rollout_budget < lo:
-                    bad: str | None = f"rollout_budget {body.rollout_budget} is below min_rollouts = {lo}"
-                    raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
-            else:
-                n_cand, cand_budget = body.batch_size, budget
-                bad = allocation.check_budget(body.batch_size, budget, lo, hi)
-                if bad:
-                    raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
-            check_allocation_size(self.settings, n_cand, lo, hi, "batch_size")
-            spec = spec_at(s, run, step)
-            state, seq = self._sealed(tx, spec, step)
-            req = strat.PlanRequest(n_cand, cand_budget, lo, hi, step)
+                return False, plan_out(self.store.state(s, run), existing, o, r, p, costs)
+            req = self._request(run, body, budget, step)
+            state, seq = self._sealed(tx, spec_at(s, run, step), step)
             # The reports still pending (of steps ≥ step − 1) count, from a copy (``read``).
             with state.read() as pool:
                 t0 = time.perf_counter()
-                decision = state.strategy.plan(pool, req, strat.plan_rng(run.id, step, state.strategy.name))
-                ords: np.ndarray = decision.ordinals
-                rolls: np.ndarray = decision.rollouts
-                pred: np.ndarray = decision.predicted_pass_rate
-                costs = None
-                if tokens or pool.cost.active or body.max_new_tokens is not None:
-                    if tokens:
-                        assert body.token_budget is not None
-                        keep, alloc = cost.token_plan(
-                            pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget
-                        )
-                        if keep.size == 0:
-                            cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords)["tokens"].min())
-                            why = (
-                                f"token_budget {body.token_budget} is below the expected cost of a first group "
-                                f"(max(min_rollouts, 2) rollouts) of the cheapest candidate ({cheapest:.0f} tokens)"
-                            )
-                            raise Invalid(f"token_budget: {why}", errors=[{"loc": "body.token_budget", "msg": why}])
-                        ords, rolls, pred = ords[keep], alloc, pred[keep]
-                    costs = cost.item_costs(pool, ords, rolls, body.max_new_tokens)
+                ords, rolls, pred, costs = decide(
+                    state, pool, req, body, strat.plan_rng(run.id, step, state.strategy.name)
+                )
                 compute_s = time.perf_counter() - t0
             plan = Plan(
                 id=uuid.uuid4().hex,
@@ -259,7 +246,7 @@ class Planner:
                 compute_ms=compute_s * 1000.0,
                 log_seq=seq,
                 token_budget=body.token_budget,
-                rollout_cap=body.rollout_budget if tokens else None,
+                rollout_cap=body.rollout_budget if body.token_budget is not None else None,
                 max_new_tokens=body.max_new_tokens,
             )
             repo.add_plan(s, run, plan, ords, rolls, pred, costs)
@@ -269,6 +256,31 @@ class Planner:
         self.store.settled(state)
         self.store.warm(state)  # the seal this plan decided, applied off its path
         return True, out
+
+    def _request(self, run: Run, body: schemas.PlanIn, budget: int, step: int) -> strat.PlanRequest:
+        """What the strategy is asked, once the request fits the run: the batch and budget of
+        a rollout plan; for a token plan, twice the batch as candidates (the strategy's own
+        rule, its default split) for ``cost.token_plan`` to choose from."""
+        if run.n_prompts < body.batch_size:
+            raise Conflict(
+                f"batch_size: the run's pool has {run.n_prompts} prompts, fewer than batch_size "
+                f"{body.batch_size}; register more prompts or ask for a smaller batch"
+            )
+        cfg = run.settings
+        lo, hi = cfg["min_rollouts"], cfg["max_rollouts"]
+        if body.token_budget is not None:
+            n_cand = min(run.n_prompts, 2 * body.batch_size)
+            cand_budget = n_cand * cfg["rollouts_per_prompt"]
+            bad = None
+            if body.rollout_budget is not None and body.rollout_budget < lo:
+                bad = f"rollout_budget {body.rollout_budget} is below min_rollouts = {lo}"
+        else:
+            n_cand, cand_budget = body.batch_size, budget
+            bad = allocation.check_budget(body.batch_size, budget, lo, hi)
+        if bad:
+            raise Invalid(f"rollout_budget: {bad}", errors=[{"loc": "body.rollout_budget", "msg": bad}])
+        check_allocation_size(self.settings, n_cand, lo, hi, "batch_size")
+        return strat.PlanRequest(n_cand, cand_budget, lo, hi, step)
 
     @staticmethod
     def _same_request(existing: Plan, body: schemas.PlanIn, budget: int, step: int) -> None:

@@ -14,12 +14,14 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from .runstate import Event, ReportEvent, RunState, StateCache, spec_key
+from .log.events import Event, ReportEvent, spec_key
+from .log.state import RunState
 from .storage import repository as repo
 from .storage.models import Run
 
@@ -27,29 +29,95 @@ log = logging.getLogger(__name__)
 WARM_DELAY_S = 0.002  # how long the warmer lets the asking request finish before it works
 
 
-def creation_spec(settings: dict[str, Any]) -> dict[str, Any]:
-    return settings["strategy"]
-
-
-def spec_for_step(settings: dict[str, Any], changes: list[tuple[int, dict[str, Any]]], step: int) -> dict[str, Any]:
-    """The strategy in force for a plan of ``step``: the latest change (in log order) whose
-    step is ≤ it, else the one the run was created with."""
-    spec = creation_spec(settings)
-    for at, s in changes:
-        if at <= step:
-            spec = s
-    return spec
+# -- the strategy in force: the one place the run's settings say which -------------------
+OVERRIDE = "strategy_override"  # the settings' key of the latest mid-run change (``set_strategy``)
 
 
 def spec_at(session: Session, run: Run, step: int | None = None) -> dict[str, Any]:
     """The one resolver of the strategy in force for a plan of ``step`` (default: the run's
     next step): the creation spec unless the run's strategy was ever changed, else the
-    latest change at or before the step (``spec_for_step``). Every reader of the override
+    latest change in log order whose step is ≤ the step. Every reader of a plan's strategy
     goes through here."""
-    if "strategy_override" not in run.settings:
-        return creation_spec(run.settings)
+    spec = run.settings["strategy"]
+    if OVERRIDE not in run.settings:
+        return spec
     at = repo.next_step(session, run.pk) if step is None else step
-    return spec_for_step(run.settings, repo.strategy_changes(session, run.pk), at)
+    for change_step, changed in repo.strategy_changes(session, run.pk):
+        if change_step <= at:
+            spec = changed
+    return spec
+
+
+def latest_spec(settings: dict[str, Any]) -> dict[str, Any]:
+    """The latest strategy set (what the API shows as the run's strategy): the latest
+    mid-run change, else the one the run was created with."""
+    return settings.get(OVERRIDE) or settings["strategy"]
+
+
+def creation_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings the run was created with (what an attach must match)."""
+    return {k: v for k, v in settings.items() if k != OVERRIDE}
+
+
+def set_strategy(settings: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The settings after a mid-run change to ``spec`` (the change itself is in the log)."""
+    return {**settings, OVERRIDE: spec}
+
+
+class StateCache:
+    """Run states of this process, least recently used first, bounded in bytes: when the
+    total passes ``max_bytes`` the oldest are dropped (they rebuild from the log, to the
+    identical state, on next use). The state just used is never dropped."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._states: OrderedDict[tuple[str, str], RunState] = OrderedDict()
+        self._bytes: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def get(self, key: tuple[str, str]) -> RunState | None:
+        with self._lock:
+            st = self._states.get(key)
+            if st is not None:
+                self._states.move_to_end(key)
+            return st
+
+    def put(self, key: tuple[str, str], state: RunState) -> None:
+        with self._lock:
+            self._states[key] = state
+            self._states.move_to_end(key)
+        self.account(key, state)
+
+    def account(self, key: tuple[str, str], state: RunState) -> None:
+        """Record the state's size after it changed and evict down to the bound."""
+        size = state.nbytes()
+        with self._lock:
+            if self._states.get(key) is not state:
+                return
+            self._bytes[key] = size
+            while sum(self._bytes.values()) > self.max_bytes and len(self._states) > 1:
+                old, _ = next(iter(self._states.items()))
+                if old == key:
+                    break
+                self._states.pop(old)
+                self._bytes.pop(old, None)
+                self.evictions += 1
+
+    def drop_run(self, run_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._states if k[0] == run_id]:
+                self._states.pop(key)
+                self._bytes.pop(key, None)
+
+    def keys(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._states)
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(self._bytes.values())
 
 
 class StateStore:
@@ -63,9 +131,10 @@ class StateStore:
         self._warm_queued: dict[int, RunState] = {}
         self._warmer: threading.Thread | None = None
 
-    def state(self, session: Session, run: Run, spec: dict[str, Any] | None = None) -> RunState:
+    def state(self, session: Session, run: Run, spec: dict[str, Any] | None = None, *, touch: bool = True) -> RunState:
         """The run's state under ``spec`` (default: the strategy in force for the next
-        step), folded up to the run's log position ``run.log_seq``."""
+        step), folded up to the run's log position ``run.log_seq``. ``touch`` False: a
+        write's read, whose ``advance`` calls the hook once the write is in."""
         if spec is None:
             spec = spec_at(session, run)
         key = (run.id, spec_key(spec))
@@ -79,17 +148,29 @@ class StateStore:
             if st.seq < run.log_seq:
                 st.fold(repo.load_events(session, run.pk, st.seq, run.log_seq))
                 self.cache.account(key, st)
-        if self.on_state is not None:
-            self.on_state(st, run)
+        if touch:
+            self._touch(st, run)
         return st
 
-    def advance(self, state: RunState, event: Event) -> None:
-        """Fold this process's own committed event, if the state is just before it."""
+    def advance(self, state: RunState, event: Event, run: Run | None = None) -> None:
+        """Fold this process's own committed event, if the state is just before it. After
+        a report (``run`` given: the run as the write left it), the read view's warming is
+        queued and the state hook called."""
         with state.lock:
             if state.seq == event.seq - 1:
                 state.apply(event)
         if not isinstance(event, ReportEvent):  # reports only queue (bounded) until a seal
             self.cache.account((state.run_id, spec_key(state.spec)), state)
+        else:
+            self.warm(state)
+        if run is not None:
+            self._touch(state, run)
+
+    def _touch(self, state: RunState, run: Run) -> None:
+        """The one call of the state hook (the predictor's): with every state brought up to
+        date for a read or a plan, and after every report."""
+        if self.on_state is not None:
+            self.on_state(state, run)
 
     def warm(self, state: RunState) -> None:
         """Ask the background warmer to bring ``state``'s read view up to date
