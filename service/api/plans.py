@@ -1,5 +1,5 @@
 """Plans: which prompts to roll out at a step and how many rollouts each, and the
-two-phase extension of a plan (``service/planning.py``)."""
+two-phase extension of a plan (``service/plans.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A run's prompts: bulk upsert, the filtered and sorted list, one prompt with its
-history (``service/reads.py``, ``service/ingest.py``)."""
+history (``service/prompts.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reports: the rewards of rolled-out groups, ``POST /v1/runs/{run_id}/results``
-(``service/ingest.py``)."""
+(``service/reports.py``)."""
 
 from __future__ import annotations
 
