@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 try:
     import typer
@@ -61,6 +67,12 @@ def _app():
             "rollplan.service.app:create_app", factory=True, host=host, port=port, workers=workers, log_level=log_level
         )
 
+    _add_migrate_and_bench(app)
+    app.add_typer(_keys_app(), name="keys")
+    return app
+
+
+def _add_migrate_and_bench(app) -> None:
     @app.command("migrate")
     def migrate_cmd(
         revision: str = typer.Argument("head", help="Target revision (head, base, or an id)."),
@@ -87,24 +99,28 @@ def _app():
             raise typer.BadParameter(f"unknown benchmark {which!r}; known: {', '.join(BENCHMARKS)}", param_hint="WHICH")
         importlib.import_module(BENCHMARKS[which]).main(list(ctx.args))
 
-    app.add_typer(_keys_app(), name="keys")
-    return app
+
+@contextmanager
+def _key_session(database_url: str | None) -> Iterator[Session]:
+    """A session on the key store (migrated first when the settings say so), its engine
+    disposed after."""
+    from .config import Settings
+    from .storage import migrate
+    from .storage.db import make_engine, make_sessionmaker
+
+    settings = Settings(database_url=database_url) if database_url else Settings()
+    if settings.auto_migrate:
+        migrate.upgrade(settings.database_url)
+    engine = make_engine(settings)
+    try:
+        with make_sessionmaker(engine)() as s:
+            yield s
+    finally:
+        engine.dispose()
 
 
 def _keys_app():
     keys = typer.Typer(help="Manage API keys (stored hashed in the database).", no_args_is_help=True)
-
-    def _sessions(database_url: str | None):
-        from .config import Settings
-        from .storage import migrate
-        from .storage.db import make_engine, make_sessionmaker
-
-        settings = Settings(database_url=database_url) if database_url else Settings()
-        if settings.auto_migrate:
-            migrate.upgrade(settings.database_url)
-        engine = make_engine(settings)
-        return engine, make_sessionmaker(engine)
-
     db_opt = typer.Option(None, "--database-url", help="SQLAlchemy URL (env ROLLPLAN_DATABASE_URL).")
 
     @keys.command("create")
@@ -119,16 +135,12 @@ def _keys_app():
         from . import auth
         from .errors import RollplanError
 
-        engine, sessions = _sessions(database_url)
-        try:
-            with sessions() as s:
-                try:
-                    row, key = auth.create_key(s, scope, name=name, run_ids=run or None, runs_prefix=runs_prefix)
-                except RollplanError as e:
-                    raise typer.BadParameter(e.detail) from None
-                s.commit()
-        finally:
-            engine.dispose()
+        with _key_session(database_url) as s:
+            try:
+                row, key = auth.create_key(s, scope, name=name, run_ids=run or None, runs_prefix=runs_prefix)
+            except RollplanError as e:
+                raise typer.BadParameter(e.detail) from None
+            s.commit()
         typer.echo(key)
         typer.echo(f"key id {row.key_id}, scope {row.scope}; store the key now, it is not shown again", err=True)
 
@@ -140,12 +152,8 @@ def _keys_app():
         """List keys (ids, scopes, bindings; never the keys)."""
         from . import auth
 
-        engine, sessions = _sessions(database_url)
-        try:
-            with sessions() as s:
-                rows = auth.list_keys(s, include_revoked=not active)
-        finally:
-            engine.dispose()
+        with _key_session(database_url) as s:
+            rows = auth.list_keys(s, include_revoked=not active)
         typer.echo("key_id\tscope\trevoked\truns\tname")
         for r in rows:
             bound = ",".join(r.run_ids or []) + (f" {r.runs_prefix}*" if r.runs_prefix else "")
@@ -161,17 +169,13 @@ def _keys_app():
         from . import auth
         from .errors import NotFound
 
-        engine, sessions = _sessions(database_url)
-        try:
-            with sessions() as s:
-                try:
-                    auth.revoke_key(s, key_id)
-                except NotFound as e:
-                    typer.echo(e.detail, err=True)
-                    raise typer.Exit(1) from None
-                s.commit()
-        finally:
-            engine.dispose()
+        with _key_session(database_url) as s:
+            try:
+                auth.revoke_key(s, key_id)
+            except NotFound as e:
+                typer.echo(e.detail, err=True)
+                raise typer.Exit(1) from None
+            s.commit()
         typer.echo(f"revoked {key_id}")
 
     return keys
