@@ -274,17 +274,17 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        db = make_engine(settings)
+        sql_engine = make_engine(settings)  # SQLAlchemy's; ``engine`` below is the service's facade
         if settings.auto_migrate:
             migrate.upgrade(settings.database_url)
         app.state.settings = settings
-        app.state.db = db
-        app.state.engine = Engine(settings, make_sessionmaker(db), metrics=prom)
+        app.state.sql_engine = sql_engine
+        app.state.engine = Engine(settings, make_sessionmaker(sql_engine), metrics=prom)
         freeze_startup_objects()
         try:
             yield
         finally:
-            db.dispose()
+            sql_engine.dispose()
 
     app = FastAPI(
         title="Rollplan",

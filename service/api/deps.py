@@ -71,7 +71,7 @@ def auth_enabled(request: Request) -> bool:
     if not on:
         # Checked on every request while off (a key made by the CLI takes effect at
         # once): one pooled connection and one indexed probe, no ORM session.
-        with state.db.connect() as conn:
+        with state.sql_engine.connect() as conn:
             on = auth.any_key_stored(conn)
     state.auth_on = on
     return on
