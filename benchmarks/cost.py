@@ -1,6 +1,7 @@
 """The cost world: the simulator's learner (``sim.Learner``) with completion lengths.
 
     python -m rollplan.benchmarks.cost [--smoke] [--prompts 20000] [--steps 400] [--seeds 3]
+        [--batch 128] [--limit 1024] [--hardness 0.45] [--spread 0.8] [--max-rollouts 16]
 
 Every prompt i has a typical completion length μᵢ, heavy-tailed over the pool and longer
 for harder prompts: μᵢ = ``base_tokens`` · exp(``hardness`` · (dᵢ − mean d) + ``spread`` ·
@@ -8,7 +9,7 @@ zᵢ), zᵢ standard normal (lognormal). A rollout's length is μᵢ · exp(``ji
 ε standard normal. The trainer generates at most ``limit`` tokens: a longer completion is
 truncated (its tokens are the limit) and scores 0 even where it would have passed (the
 would-be passes of a truncated completion are lost). The learner learns from the rewards it
-sees, as in ``sim``.
+sees, as in ``sim``. Plans have 2 … ``max_rollouts`` rollouts per prompt (default 16).
 
 Arms, all the ``default`` strategy through the service's own code (``strategies``,
 ``cost.token_plan``, ``cost.item_costs``) on a ``PoolState`` fed with the rollouts' tokens and
@@ -71,6 +72,7 @@ class CostConfig:
     spread: float = 0.8  # log-length spread between prompts of equal difficulty
     jitter: float = 0.5  # log-length spread between rollouts of one prompt
     limit: int = 1024  # the trainer's max_new_tokens
+    max_rollouts: int = 16  # the run's max_rollouts (min_rollouts 2)
 
 
 class CostWorld:
@@ -121,7 +123,7 @@ def run_cost_arm(arm: str, sim: SimConfig, ccfg: CostConfig, token_budget: float
     world = CostWorld(ccfg, learner, np.random.default_rng(sim.seed + 7))
     roll_rng = np.random.default_rng(sim.seed + 1_000_003)
     B, n0 = sim.batch, sim.rollouts
-    lo, hi = 2, 16
+    lo, hi = 2, int(ccfg.max_rollouts)
     name, mode = parse_arm(arm)
     in_tokens, hints = mode.startswith("tokens"), mode.endswith("+hints")
     strategy = strat.build(name, {})
@@ -296,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--limit", type=int, default=CostConfig.limit)
     ap.add_argument("--hardness", type=float, default=CostConfig.hardness, help="log-length per unit of difficulty")
     ap.add_argument("--spread", type=float, default=CostConfig.spread, help="log-length spread between prompts")
+    ap.add_argument("--max-rollouts", type=int, default=CostConfig.max_rollouts, help="the run's max_rollouts")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--out", default="benchmarks/out/cost")
     args = ap.parse_args(argv)
@@ -304,7 +307,9 @@ def main(argv: list[str] | None = None) -> dict:
     arms = args.arms.split(",")
     for a in arms:
         parse_arm(a)  # fail before running anything
-    ccfg = replace(CostConfig(), limit=args.limit, hardness=args.hardness, spread=args.spread)
+    ccfg = replace(
+        CostConfig(), limit=args.limit, hardness=args.hardness, spread=args.spread, max_rollouts=args.max_rollouts
+    )
     rows, target = run_world(arms, ccfg, args.seeds, prompts=args.prompts, steps=args.steps, batch=args.batch)
     summary = summarise(rows)
     print(f"target held-out accuracy {target}")

@@ -271,7 +271,8 @@ class PlanIn(Strict):
         le=MAX_TOKEN_BUDGET,
         description="Plan in tokens: the expected completion tokens of the plan in all (≤ 2⁴⁰). The strategy "
         "ranks 2 × batch_size candidates; then a greedy knapsack keeps at most batch_size of them, each with 0 or "
-        "min_rollouts … max_rollouts rollouts, maximising the expected informative groups per expected token "
+        "min_rollouts … max_rollouts rollouts, maximising the expected GRPO signal (the sum of the groups' "
+        "|advantage|) per expected token "
         "(a prompt's expected tokens: its `cost`, its domain's or the pool's mean without history), with "
         "Σ expected_tokens ≤ token_budget and, when rollout_budget is given too, Σ rollouts ≤ rollout_budget. "
         "422 when not even one prompt's min_rollouts fit.",

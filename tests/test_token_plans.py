@@ -1,20 +1,41 @@
-"""Plans in tokens: ``token_budget`` (a greedy knapsack of informative groups per expected
+"""Plans in tokens: ``token_budget`` (a greedy knapsack of expected GRPO signal per expected
 token), ``expected_tokens`` on the items, generation-limit hints, and their validation."""
 
 from __future__ import annotations
+
+from math import comb
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from rollplan.service.scheduling.allocation import token_knapsack
+from rollplan.service.scheduling.allocation import group_signal, token_knapsack
 
 SHORT, LONG = 100, 2000
 
 
-def _informative(p, r):
-    return np.where(r > 0, 1 - p**r - (1 - p) ** r, 0.0)
+def _signal(p, r):
+    """The plan's expected signal Σ S(rᵢ), brute force over the binomial."""
+    return sum(
+        sum(comb(n, k) * q**k * (1 - q) ** (n - k) * 2 * np.sqrt(k * (n - k)) for k in range(n + 1))
+        for q, n in zip(np.asarray(p, float).tolist(), np.asarray(r).tolist())
+    )
+
+
+def test_group_signal_is_the_expected_sum_of_absolute_advantages():
+    p = np.linspace(0, 1, 21)
+    for n in (0, 1, 2, 3, 8, 16, 40, 200):
+        got = group_signal(p, n)
+        assert got.shape == p.shape
+        want = np.array([_signal([q], [n]) for q in p])
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert group_signal(np.array([0.0, 1.0]), 16).tolist() == [0.0, 0.0]  # all equal: no signal
+    # k of n pass: Σ|A| = 2√(k(n−k)) with group-normalised advantages (n = 4, p = ½).
+    assert group_signal(np.array([0.5]), 4)[0] == pytest.approx(2 * (2 * 3**0.5 * 0.25) + 4 * 0.375)
+    # The signal per rollout never falls as the group grows and tends to 2√(p(1−p)).
+    per = np.array([group_signal(p, n) / n for n in range(2, 70)])
+    assert (np.diff(per, axis=0) >= -1e-12).all()
+    np.testing.assert_allclose(group_signal(p, 100_000) / 100_000, 2 * np.sqrt(p * (1 - p)), atol=2e-3)
 
 
 @settings(max_examples=200, deadline=None)
@@ -30,16 +51,43 @@ def _informative(p, r):
 def test_token_knapsack_respects_every_bound(p, seed, budget, max_prompts, lo, span, cap):
     p = np.array(p)
     t = np.random.default_rng(seed).uniform(1, 3000, p.size)
-    r = token_knapsack(p, t, budget, max_prompts, lo, lo + span, cap)
+    hi = lo + span
+    r = token_knapsack(p, t, budget, max_prompts, lo, hi, cap)
     assert r.dtype == np.int64 and r.shape == p.shape
-    assert ((r == 0) | ((r >= min(max(lo, 2), lo + span)) & (r <= lo + span))).all()
+    assert ((r == 0) | ((r >= min(max(lo, 2), hi)) & (r <= hi))).all()
     assert (r > 0).sum() <= max_prompts
-    assert (r * np.maximum(t, 1)).sum() <= budget * (1 + 1e-9)
+    assert (r * np.maximum(t, 1)).sum() <= budget * (1 + 1e-9)  # the plan's expected tokens
     if cap is not None:
         assert r.sum() <= cap
-    # A larger budget never buys fewer expected informative groups.
-    r2 = token_knapsack(p, t, budget * 2, max_prompts, lo, lo + span, cap)
-    assert _informative(p, r2).sum() >= _informative(p, r).sum() - 1e-9
+    if hi >= 2:
+        assert (r[(p == 0) | (p == 1)] == 0).all()  # no signal: never bought
+    # A larger budget never gives any candidate fewer rollouts, nor the plan less signal.
+    r2 = token_knapsack(p, t, budget * 2, max_prompts, lo, hi, cap)
+    assert (r2 >= r).all()
+    assert _signal(p, r2) >= _signal(p, r) - 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    p=st.lists(st.floats(0.01, 0.99), min_size=2, max_size=10),
+    seed=st.integers(0, 2**31 - 1),
+    budget=st.floats(500, 80_000),
+    max_prompts=st.integers(1, 10),
+)
+def test_token_knapsack_gives_longer_prompts_no_more_rollouts(p, seed, budget, max_prompts):
+    """Of two candidates of one pass rate, the longer never gets more rollouts; of two of one
+    length, the one with more signal per rollout never gets fewer."""
+    rng = np.random.default_rng(seed)
+    q = rng.choice(np.array(p), len(p))  # repeated pass rates
+    t = rng.choice(np.array([150.0, 400.0, 900.0, 2500.0]), q.size)
+    r = token_knapsack(q, t, budget, max_prompts, 2, 16)
+    s = group_signal(q, 16)
+    for i in range(q.size):
+        for j in range(q.size):
+            if q[i] == q[j] and t[i] < t[j]:
+                assert r[i] >= r[j]
+            if t[i] == t[j] and s[i] > s[j]:
+                assert r[i] >= r[j]
 
 
 def test_token_knapsack_prefers_cheap_signal():
@@ -47,7 +95,22 @@ def test_token_knapsack_prefers_cheap_signal():
     t = np.array([SHORT, SHORT, LONG, LONG, SHORT, SHORT], float)
     r = token_knapsack(p, t, 8 * SHORT + 2 * LONG, 4, 2, 4)
     assert r[4] == r[5] == 0  # no signal: never bought
-    assert r[:2].sum() > r[2:4].sum() and (r * t).sum() <= 8 * SHORT + 2 * LONG
+    assert r[:2].tolist() == [4, 4] and r[2:4].sum() == 2  # the cheap ones filled first
+    assert (r * t).sum() <= 8 * SHORT + 2 * LONG
+
+
+def test_token_knapsack_fills_the_best_and_shares_among_equals():
+    # Distinct signal per token: the best candidate is filled to max_rollouts first.
+    p = np.array([0.5, 0.2, 0.5])
+    t = np.array([100.0, 100.0, 400.0])
+    assert token_knapsack(p, t, 16 * 100 + 4 * 100, 3, 2, 16).tolist() == [16, 4, 0]
+    # Equal candidates (one prior, one expected length): the rollouts go round, first
+    # groups first, so they share (in rank order) rather than one taking all.
+    r = token_knapsack(np.full(4, 0.4), np.full(4, 300.0), 300.0 * 15, 4, 2, 16)
+    assert r.tolist() == [4, 4, 4, 3]
+    # A rollout cap and max_prompts still bind.
+    r = token_knapsack(np.full(4, 0.4), np.full(4, 300.0), 1e9, 3, 2, 16, rollout_cap=20)
+    assert r.sum() == 20 and (r > 0).sum() == 3
 
 
 # -- through the API ----------------------------------------------------------------------

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import gammaln, xlogy
 
 
 def check_budget(batch_size: int, budget: int, lo: int, hi: int) -> str | None:
@@ -270,6 +271,41 @@ def knapsack(
 
 
 # -- token budgets ------------------------------------------------------------------------
+# Beyond this many rollouts the binomial sum of ``group_signal`` runs over a window of
+# ±``_SIGNAL_SDS`` standard deviations (+ a margin) around n·p instead of every k.
+_SIGNAL_SDS = 10.0
+
+
+def group_signal(p: np.ndarray, n: int) -> np.ndarray:
+    """The expected GRPO signal of a group of n rollouts at pass rate p: the expected sum of
+    its rollouts' |advantage| with group-normalised advantages, E[2·√(k(n−k))] for k ~
+    Binomial(n, p) (k of n pass: each of the k passes has |A| = √((n−k)/k), each of the n − k
+    fails √(k/(n−k))). 0 for a group of all passes or all fails, n·2√(p(1−p)) for large n;
+    the per-rollout signal E[2√(p̂(1−p̂))], p̂ = k/n, never falls as n grows (p̂ of fewer
+    rollouts is a mean-preserving spread of p̂ of more, and √(x(1−x)) is concave). Exact
+    (log-space binomial weights); for large n, over the k within ±10 standard deviations of
+    n·p (the rest weighs < 1e-20). ``p`` of any shape; the result has its shape."""
+    p = np.clip(np.asarray(p, np.float64), 0.0, 1.0)
+    if n < 2:
+        return np.zeros(p.shape)
+    w = int(np.ceil(_SIGNAL_SDS * np.sqrt(n / 4.0))) + 8
+    flat = p.reshape(-1)
+    if 2 * w + 1 >= n + 1:
+        k = np.broadcast_to(np.arange(n + 1, dtype=np.float64), (flat.size, n + 1))
+    else:
+        centre = np.clip(np.round(n * flat), w, n - w)
+        k = centre[:, None] + np.arange(-w, w + 1, dtype=np.float64)[None, :]
+    logw = (
+        gammaln(n + 1.0)
+        - gammaln(k + 1.0)
+        - gammaln(n - k + 1.0)
+        + xlogy(k, flat[:, None])
+        + xlogy(n - k, 1.0 - flat[:, None])
+    )
+    out = (np.exp(logw) * 2.0 * np.sqrt(k * (n - k))).sum(axis=1)
+    return out.reshape(p.shape)
+
+
 def token_knapsack(
     p: np.ndarray,
     tokens: np.ndarray,
@@ -279,52 +315,57 @@ def token_knapsack(
     hi: int,
     rollout_cap: int | None = None,
 ) -> np.ndarray:
-    """Rollouts per candidate (0: left out) maximising the expected number of informative
-    groups Σ f(rᵢ), f(r) = 1 − pᵢʳ − (1−pᵢ)ʳ, subject to the expected cost
-    Σ rᵢ·tokensᵢ ≤ ``token_budget``, at most ``max_prompts`` candidates with rᵢ > 0, each
-    rᵢ ∈ {0} ∪ [lo, hi], and Σ rᵢ ≤ ``rollout_cap`` when given.
+    """Rollouts per candidate (0: left out) maximising the expected GRPO signal of the plan,
+    Σ S(rᵢ) (``group_signal``: the expected sum of |advantage| of a group of rᵢ at pass rate
+    pᵢ), subject to the expected cost Σ rᵢ·tokensᵢ ≤ ``token_budget``, at most
+    ``max_prompts`` candidates with rᵢ > 0, each rᵢ ∈ {0} ∪ [max(lo, 2), hi] (a group of one
+    has no advantage), and Σ rᵢ ≤ ``rollout_cap`` when given.
 
-    Greedy by value per token: a candidate's first b = max(lo, 2) rollouts (a group of one
-    is never informative; b = 1 only where hi = 1, valued p(1−p)) are one item (gain f(b),
-    cost b·tokensᵢ), each further rollout an item (gain f(r) − f(r−1), cost tokensᵢ). f is
-    concave with f(0) = 0, so a candidate's items come in ratio order block first: sorting
-    all items by gain per token (ties: the candidate's rank, then r) and keeping the blocks
-    of the first ``max_prompts`` candidates, the answer is the longest prefix within both
-    budgets (the fractional knapsack's greedy, short of it by at most one item). Items with
-    no gain (p ∈ {0, 1}) are never taken. Vectorised: one sort of B·(hi − lo + 1) items."""
+    S(r)/r never falls as r grows (``group_signal``), so the upper concave envelope of
+    {(0, 0)} ∪ {(r, S(r)): lo ≤ r ≤ hi} is the chord from (0, 0) to (hi, S(hi)): in the
+    knapsack's relaxation every rollout of candidate i is worth sᵢ = S(hi)/hi, sᵢ/tokensᵢ
+    per token. The greedy of the fractional knapsack on that envelope, one sort of
+    B·(hi − b + 1) items (a candidate's first group of b rollouts, then each further
+    rollout, all at its ratio): candidates by signal per token, each filled to hi; among
+    candidates of exactly equal signal per token (as never-seen prompts of one domain are:
+    the same prior, the same expected length) the rollouts go round in the strategy's rank
+    order (first groups, then one more each, …), so equals share; the first
+    ``max_prompts`` first groups enter; the answer is the longest prefix within both
+    budgets (short of the relaxation's optimum by less than one item). A longer candidate
+    of equal pass rate never gets more rollouts than a shorter one; a larger budget never
+    gives any candidate fewer. Candidates with no signal (p ∈ {0, 1}) are never taken. With
+    hi = 1 (no group can have an advantage) a single rollout is valued p(1−p), as a
+    stand-in, so that such a run can still be planned in tokens."""
     p = np.clip(np.asarray(p, np.float64), 0.0, 1.0)
     t = np.maximum(np.asarray(tokens, np.float64), 1.0)
     B = p.size
     out = np.zeros(B, np.int64)
     if B == 0 or max_prompts <= 0 or hi < max(lo, 1):
         return out
-    lo = min(max(lo, 2), hi)
-    ks = np.arange(lo, hi + 1, dtype=np.float64)[:, None]  # (H, 1): r = lo … hi
-    f = 1.0 - p[None, :] ** ks - (1.0 - p[None, :]) ** ks  # (H, B)
-    singles = np.maximum(np.minimum.accumulate(np.diff(f, axis=0), axis=0), 0.0)  # r = lo+1 … hi
-    first = f[:1] if lo >= 2 else (p * (1.0 - p))[None, :]
-    gain = np.vstack([first, singles])  # row 0: the block of lo rollouts
-    n_roll = np.vstack([np.full((1, B), lo), np.ones((hi - lo, B))])
-    cost = n_roll * t[None, :]
-    # Non-increasing in r per candidate (exactly, not up to rounding): its block comes first.
-    ratio = np.minimum.accumulate(gain / cost, axis=0)
-    H = hi - lo + 1
+    b = min(max(lo, 2), hi)  # the smallest group
+    if hi == 1:
+        rate = p * (1.0 - p)
+    else:
+        rate = group_signal(p, hi) / hi
+    ratio = rate / t
+    # Items: a candidate's first group (b rollouts), then each further rollout, all at its ratio.
+    H = hi - b + 1
     r_idx = np.repeat(np.arange(H), B)
     c_idx = np.tile(np.arange(B), H)
-    flat = ratio.reshape(-1)
-    order = np.lexsort((r_idx, c_idx, -flat))
+    n_roll = np.where(r_idx == 0, b, 1)
+    flat = ratio[c_idx]
+    order = np.lexsort((c_idx, r_idx, -flat))
     order = order[flat[order] > 0.0]
+    # The first max_prompts first groups enter; a candidate whose first group is later takes nothing.
     is_block = r_idx[order] == 0
-    # The first max_prompts blocks enter; a candidate whose block is later takes nothing.
     block_rank = np.full(B, np.iinfo(np.int64).max)
     block_rank[c_idx[order[is_block]]] = np.arange(int(is_block.sum()))
     order = order[block_rank[c_idx[order]] < max_prompts]
-    c_cost = np.cumsum(cost.reshape(-1)[order])
-    c_roll = np.cumsum(n_roll.reshape(-1)[order])
+    c_cost = np.cumsum(n_roll[order] * t[c_idx[order]])
     fits = c_cost <= token_budget * (1.0 + 1e-12)
     if rollout_cap is not None:
-        fits &= c_roll <= rollout_cap
+        fits &= np.cumsum(n_roll[order]) <= rollout_cap
     k = int(np.argmin(fits)) if not fits.all() else fits.size
     taken = order[:k]
-    np.add.at(out, c_idx[taken], n_roll.reshape(-1)[taken].astype(np.int64))
+    np.add.at(out, c_idx[taken], n_roll[taken].astype(np.int64))
     return out

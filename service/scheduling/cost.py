@@ -219,8 +219,12 @@ def token_plan(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plan in tokens from a strategy's ranked ``candidates`` and their predicted pass
     rates: (positions kept, in the strategy's order; their rollouts), by
-    ``allocation.token_knapsack`` on each candidate's expected completion tokens (its own
-    discounted mean, shrunk to its domain's, the pool's without any)."""
+    ``allocation.token_knapsack``: the expected GRPO signal of a group at the predicted pass
+    rate (``allocation.group_signal``) per expected completion token (the candidate's own
+    discounted mean of its reported tokens, a truncated completion counted at the limit it
+    was cut at, shrunk to its domain's, the pool's without any). A truncated completion
+    scores 0, so the predicted pass rate, learnt from the rewards, already counts it as a
+    fail; a prompt often truncated is worth less signal per token as its pass rate falls."""
     from .allocation import token_knapsack
 
     per = pool.cost_estimates(candidates)["tokens"]
