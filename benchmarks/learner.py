@@ -571,7 +571,37 @@ def run_arm(job: dict) -> dict:
             raise
         planner.close()
         row["data_quality"] = data_quality_row(url, run_id, world, model)
+        if job.get("keep_groups"):
+            _keep_groups(Path(tmp) / "rollplan.db", Path(job["keep_groups"]) / f"groups-{arm}-{seed}.npz", world, model)
         return row
+
+
+def _keep_groups(db: Path, path: Path, world: World, model) -> None:
+    """The run's reward log (one row per group: world index of the prompt, step, n, passes)
+    and the truth (each prompt's level, wrong label, the final policy's exact pass rate), for
+    studying the data-quality findings offline."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        ids = dict(con.execute("SELECT ordinal, id FROM prompts").fetchall())
+        rows = np.array(
+            con.execute(
+                "SELECT prompt_ordinal, step, n, reward_sum FROM results ORDER BY report_seq, position"
+            ).fetchall(),
+            np.float64,
+        ).reshape(-1, 4)
+    where = np.array([world.index[ids[int(o)]] for o in rows[:, 0]], np.int64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path,
+        prompt=where,
+        step=rows[:, 1].astype(np.int64),
+        n=rows[:, 2],
+        k=rows[:, 3],
+        level=np.asarray(world.pool.level, np.int64),
+        broken=np.asarray(world.pool.broken, bool),
+        final_pass_rate=_final_pass_rate(world, model),
+    )
 
 
 def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 0.3) -> dict:
@@ -584,12 +614,7 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
     r = httpx.get(f"{url}/v1/runs/{run_id}/data-quality", params={"format": "jsonl"}, timeout=300)
     r.raise_for_status()
     found = [json.loads(line) for line in r.text.splitlines() if line]
-    model.eval()
-    with torch.no_grad():
-        p = np.concatenate([
-            np.asarray(model.pass_rate(world.pool.prompt[i : i + 256], world.pool.label[i : i + 256]))
-            for i in range(0, world.pool.prompt.shape[0], 256)
-        ])  # fmt: skip
+    p = _final_pass_rate(world, model)
     level = np.asarray(world.pool.level, np.int64)
     broken = np.asarray(world.pool.broken, bool)
     ok = ~broken
@@ -621,6 +646,16 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
         "too_hard_in_reachable_levels": int((hard & reachable).sum()),
         "noisy_true_pass_rate": [round(float(x), 3) for x in np.sort(p[kind == "noisy"])[:50]],
     }
+
+
+def _final_pass_rate(world: World, model) -> np.ndarray:
+    """Every pool prompt's exact pass rate under the policy now (teacher forcing)."""
+    model.eval()
+    with torch.no_grad():
+        return np.concatenate([
+            np.asarray(model.pass_rate(world.pool.prompt[i : i + 256], world.pool.label[i : i + 256]))
+            for i in range(0, world.pool.prompt.shape[0], 256)
+        ])  # fmt: skip
 
 
 def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -> dict:
@@ -910,6 +945,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="parallel processes, one (arm, seed) each",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument(
+        "--keep-groups",
+        action="store_true",
+        help="also write each service arm's reward log and the truth to OUT/groups-ARM-SEED.npz (data quality, offline)",
+    )
     ap.add_argument("--out", default="benchmarks/out/learner")
     args = ap.parse_args(argv)
     cfg = LearnerConfig()
@@ -959,6 +999,7 @@ def main(argv: list[str] | None = None) -> dict:
             "device": args.device,
             "threads": threads,
             "warmup_path": warm[s]["path"],
+            "keep_groups": str(out) if args.keep_groups else None,
         }
         for s in seeds
         for a in arms

@@ -72,7 +72,15 @@ class World:
 
 
 def run(
-    strategy_name: str, seed: int, prompts: int, steps: int, batch: int, rollouts: int, scale: float, world_name: str
+    strategy_name: str,
+    seed: int,
+    prompts: int,
+    steps: int,
+    batch: int,
+    rollouts: int,
+    scale: float,
+    world_name: str,
+    use_log: bool = True,
 ) -> dict:
     rng = np.random.default_rng(seed)
     world = World(prompts, rng, WORLDS[world_name], scale)
@@ -81,14 +89,17 @@ def run(
     pool = strategy.make_pool()
     pool.set_prompts(np.arange(prompts), world.domain, np.full(prompts, np.nan))
     t0 = time.perf_counter()
+    logged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # the reward log, as the service keeps it
     for step in range(steps):
         req = strat.PlanRequest(batch, batch * rollouts, 1, 64, step)
         d = strategy.plan(pool, req, strat.plan_rng(f"quality-{seed}", step, strategy_name))
         k = world.rollout(d.ordinals, d.rollouts, step, roll)
         pool.observe(_observations(d.ordinals, d.rollouts, k, step))
+        logged.append((d.ordinals, np.full(d.ordinals.size, step), d.rollouts, k))
     sim_s = time.perf_counter() - t0
+    log = quality.RewardLog.of_arrays(*(np.concatenate(c) for c in zip(*logged))) if use_log and logged else None
     t0 = time.perf_counter()
-    f = quality.find_pool(pool, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE)
+    f = quality.find_pool(pool, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE, log=log)
     find_s = time.perf_counter() - t0
     kinds = np.array(quality.KINDS)[f.kind] if f.ordinals.size else np.array([], dtype=object)
     seen = pool.rollouts > 0
@@ -96,6 +107,7 @@ def run(
         "world": world_name,
         "strategy": strategy_name,
         "seed": seed,
+        "model": f.model,
         "sim_s": sim_s,
         "find_s": find_s,
         "counts": f.counts,
@@ -199,6 +211,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--strategies", default="default,uniform,beta")
+    ap.add_argument(
+        "--pool-model",
+        action="store_true",
+        help="score the pool's counts against the strategy's model or the Beta test (the view before the "
+        "reward log was read), not each group at its step",
+    )
     ap.add_argument("--out", default="benchmarks/out/quality")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -212,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
     for world in WORLDS:
         for seed in range(args.seeds):
             for name in names:
-                r = run(name, seed, args.prompts, args.steps, args.batch, args.rollouts, scale, world)
+                r = run(
+                    name, seed, args.prompts, args.steps, args.batch, args.rollouts, scale, world, not args.pool_model
+                )
                 rows.append(r)
                 print(
                     f"{world} seed {seed} {name:10s} never P/R {_f(r['never']['precision'])}/{_f(r['never']['recall'])} "
