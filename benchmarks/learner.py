@@ -644,6 +644,13 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
         "wrong_label_reachable_levels": pr(wrong & reachable, broken & reachable),
         "too_hard_that_are_wrong_labels": int((hard & broken).sum()),
         "too_hard_in_reachable_levels": int((hard & reachable).sum()),
+        # Correct prompts the final policy (nearly) never passes, per level: to the outcomes
+        # they look as a wrong label does (what bounds any outcome-only precision there).
+        "correct_below_1pct_by_level": {
+            int(lv): float((p[(level == lv) & ok] < 0.01).mean()) if ((level == lv) & ok).any() else None
+            for lv in levels
+        },
+        "wrong_label_share_by_level": {int(lv): float(broken[level == lv].mean()) for lv in levels},
         "noisy_true_pass_rate": [round(float(x), 3) for x in np.sort(p[kind == "noisy"])[:50]],
     }
 
