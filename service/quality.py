@@ -6,11 +6,12 @@ evidence allows, and is listed when that probability reaches ``min_confidence`` 
 at least ``min_rollouts`` rollouts:
 
 - ``broken`` — a **wrong label** (or an answer the verifier cannot check): it never passed
-  where prompts of its domain at its estimated difficulty pass. Confidence: P(stuck), the
-  probability of the "never passes" latent class.
+  where prompts of its domain passed *at the time of its groups*. Confidence: P(stuck),
+  the probability of the "never passes" latent class.
 - ``too_hard`` — never passed, and its failures are what a real prompt of its domain would
-  show now (a hard level the policy has not reached): *too hard for now*, not wrong.
-  Confidence: P(not stuck or solved) × P(its next group fails every rollout too).
+  have shown when they came (a level the policy had not reached): *too hard for now*, not
+  wrong. Confidence: P(not stuck or solved) × P(a next group fails every rollout too, at
+  the level of its latest group's time).
 - ``solved`` — always passed: a candidate to drop (its groups carry no gradient).
   Confidence: P(solved), the "always passes" latent class.
 - ``noisy`` — outcomes inconsistent at a stable level (a noisy verifier, or an answer
@@ -19,7 +20,31 @@ at least ``min_rollouts`` rollouts:
 - ``learned`` — its outcomes changed level once, from failing to passing (``FFFF…PPPP``):
   the policy learned it. Not noisy. Needs 3 groups.
 
-**One definition of stuck and solved.** Where the run's strategy has latent stuck/solved
+**Time: each group weighed at its step** (``log_classes``; what the API uses, reading the
+run's reward log, ``storage/quality.py``, in chunks of ``CHUNK`` groups). A real prompt
+that failed its groups while its level was out of reach is no wrong label once the level
+passes, so the pooled counts are not enough. The log is folded into (domain, step bucket)
+cells (``GROUPS_PER_CELL`` groups a cell on average, at most ``MAX_BUCKETS`` buckets;
+np.bincount, no loop over prompts): groups, Σ r, Σ r², Σ 1/n, r = k/n. The normal rate of
+a cell m_d(t) is its groups' mean with the stuck and solved candidates' groups taken out by
+their posteriors (at most twice the domain's share of the cell: a cell where every group
+failed is a level out of reach, not a cell of wrong labels), its neighbours in time as a
+prior worth ``_CELL_PSEUDO`` groups. A normal prompt's logit at step t is μ_d(t) + o + σ_d z,
+one z ~ N(0, 1) for the prompt over all its groups (its difficulty persists), μ_d(t)
+matched to m_d(t) by the probit approximation, σ_d the within-domain spread fitted to the
+cells' variance beyond the binomial (least squares over a grid, shrunk to the pool's), o
+the strategy's prior difficulty of the prompt against its domain's (text, predictor; 0
+without one; the spread it explains is taken out of σ_d). A prompt's groups have
+likelihood 1 as a wrong label and ∫ ∏_g (1 − p_g(z))^{n_g} dz as normal (24-node
+Gauss–Hermite, the rows of the candidates only, summed per prompt by np.add.reduceat); the
+class shares per domain and the cells' normal rates are refitted for ``EM_ROUNDS`` rounds.
+So a failure where the domain rarely passed weighs nothing (its likelihood is ≈ 1 either
+way) and one where it passed 60 % weighs much. What outcomes cannot tell: a correct
+prompt far harder than its level (a many-carry sum the policy never passes) fails as a
+wrong label does; only a prior difficulty (o) can move it.
+
+**Without a log** (``find_pool`` without one: the pool's counts, one definition of stuck
+and solved). Where the run's strategy has latent stuck/solved
 classes (``default``, ``frontier`` with ``latent``), P(stuck) and P(solved) are its own
 ``p_stuck`` / ``p_solved`` — the numbers its plans act on — and the chance that a normal
 prompt fails its next group comes from its item-response belief σ(skill − difficulty).
@@ -87,7 +112,10 @@ class Classes:
     p_stuck: np.ndarray
     p_solved: np.ndarray
     next_fail_normal: np.ndarray
-    source: str  # "strategy" or "beta"
+    source: str  # "log", "strategy" or "beta"
+    # "log": P(a wrong label) and P(too hard for now) themselves (a stuck prompt is either).
+    p_wrong: np.ndarray | None = None
+    p_hard: np.ndarray | None = None
 
 
 def _betaln_ratio(a: np.ndarray, b: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> np.ndarray:
@@ -255,6 +283,8 @@ _Z, _ZW = np.polynomial.hermite_e.hermegauss(24)  # E[f(z)], z ~ N(0, 1)
 _ZW = _ZW / _ZW.sum()
 _LOG_ZW = np.log(_ZW)
 _CAP_SHARE = 2.0  # a cell's stuck (solved) groups taken out: at most this many times the domain's share
+_BASE_MIN_PROMPTS = 30  # seen prompts a domain needs to set the wrong labels' share
+_BASE_FAIL = 0.05  # ... and how rarely a normal group of it fails every rollout
 _RESID_MIN = 0.25  # the least spread left within a domain around a prompt's prior
 
 
@@ -285,14 +315,27 @@ def _centre(m: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     return np.log(m / (1 - m)) * np.sqrt(1.0 + np.pi * sigma**2 / 8.0)
 
 
+def _var_table() -> tuple[np.ndarray, np.ndarray]:
+    """Var[σ(μ + σ z)] on a grid of means m (logits −8 … 8 by 0.1) × ``_SIGMA_GRID``, μ
+    matched to each m (computed once: the fit interpolates it)."""
+    x = np.linspace(-8.0, 8.0, 161)
+    m = _sigmoid(x)
+    s = _SIGMA_GRID
+    p = _sigmoid(_centre(m[:, None], s[None, :])[:, :, None] + s[None, :, None] * _Z[None, None, :])
+    return x, (p**2) @ _ZW - (p @ _ZW) ** 2
+
+
 def _fit_sigma(g: np.ndarray, m: np.ndarray, var: np.ndarray, key: np.ndarray, size: int) -> np.ndarray:
     """Per ``key`` (a domain), the logit spread σ whose Var[σ(μ + σ z)] (μ matched to each
     cell's mean m) best fits the cells' excess variances ``var`` (least squares weighted by
     the cells' groups ``g``), shrunk toward the pool's fit by ``_SIGMA_PSEUDO`` groups."""
     s = _SIGMA_GRID
-    mu = _centre(m[:, None], s[None, :])  # cells × grid
-    p = _sigmoid(mu[:, :, None] + s[None, :, None] * _Z[None, None, :])
-    model = (p**2) @ _ZW - (p @ _ZW) ** 2
+    grid, table = _VAR_TABLE
+    mc = np.clip(m, 1e-4, 1 - 1e-4)
+    pos = np.clip((np.log(mc / (1 - mc)) - grid[0]) / (grid[1] - grid[0]), 0.0, grid.size - 1.000001)
+    i = pos.astype(np.int64)
+    f = (pos - i)[:, None]
+    model = (1 - f) * table[i] + f * table[i + 1]  # cells × grid
     err = g[:, None] * (var[:, None] - model) ** 2  # cells × grid
     pooled = float(s[np.argmin(err.sum(axis=0))])
     per = np.zeros((size, s.size))
@@ -301,6 +344,9 @@ def _fit_sigma(g: np.ndarray, m: np.ndarray, var: np.ndarray, key: np.ndarray, s
     gd = np.bincount(key, weights=g, minlength=size)
     t = gd / (gd + _SIGMA_PSEUDO)
     return t * best + (1 - t) * pooled
+
+
+_VAR_TABLE = _var_table()
 
 
 class _Timeline:
@@ -393,6 +439,27 @@ class _Timeline:
         sigma = sigma_d[dom]
         return _centre(m, sigma), sigma
 
+    def wrong_share(self, mu: np.ndarray, sigma: np.ndarray, ps: np.ndarray, seen: np.ndarray) -> float:
+        """The wrong labels' share: the stuck share of the domains (``_BASE_MIN_PROMPTS`` seen
+        prompts or more) where a normal group fails every rollout at most ``_BASE_FAIL`` of
+        the time (over its cells, by their groups), weighted by their seen prompts; without
+        such a domain, that of the domain where it fails least."""
+        D, B = self.D, self.B
+        n_bar = self.g / np.maximum(self.inv, 1e-12)
+        p = _sigmoid(mu[:, None] + sigma[:, None] * _Z[None, :])
+        fail = ((1.0 - p) ** n_bar[:, None]) @ _ZW
+        g = self.g.reshape(D, B)
+        f = (fail.reshape(D, B) * g).sum(axis=1) / np.maximum(g.sum(axis=1), 1e-12)
+        ok = (seen >= _BASE_MIN_PROMPTS) & (g.sum(axis=1) > 0)
+        if not ok.any():
+            ok = seen > 0
+        if not ok.any():
+            return _SHARE_PRIOR
+        use = ok & (f <= _BASE_FAIL)
+        if not use.any():
+            use = ok & (f <= f[ok].min())
+        return float((ps[use] * seen[use]).sum() / seen[use].sum())
+
     def log_lik(
         self, mu: np.ndarray, sigma: np.ndarray, fail: np.ndarray, offset: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -458,7 +525,16 @@ def log_classes(ev: Evidence, log: RewardLog, prior: np.ndarray | None = None) -
     # rarely passed; the level since is no evidence about it).
     nf = np.zeros(n.size)
     nf[cand] = np.where(fc, next_fail, 0.0)
-    return Classes(qs, qv, nf, "log")
+    # Stuck is a wrong label or a correct prompt far beyond its level: outcomes cannot tell
+    # them apart. Wrong labels are taken to be as common in every domain (a data set's errors
+    # do not follow its levels), at their share in the domains where a normal prompt rarely
+    # fails a whole group (there stuck is a wrong label); a domain's stuck share beyond it
+    # is too hard for now.
+    p_wrong_share = tl.wrong_share(mu, sigma, ps, np.bincount(d, minlength=D))
+    wrong = np.minimum(1.0, p_wrong_share / np.maximum(ps, 1e-12))[d]
+    p_wrong = qs * wrong
+    p_hard = qs * (1.0 - wrong) + np.clip(1.0 - qs - qv, 0.0, 1.0) * nf
+    return Classes(qs, qv, nf, "log", p_wrong, p_hard)
 
 
 def _scaled_chi2_sf(x: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -532,9 +608,11 @@ def _confidences(ev: Evidence, c: Classes, min_rollouts: int) -> tuple[np.ndarra
     allowed[BROKEN] = allowed[TOO_HARD] = never
     allowed[SOLVED] = always
     allowed[NOISY] = allowed[LEARNED] = enough & ok
-    conf[BROKEN] = c.p_stuck
+    conf[BROKEN] = c.p_stuck if c.p_wrong is None else c.p_wrong
     conf[SOLVED] = c.p_solved
-    conf[TOO_HARD] = np.clip(1.0 - c.p_stuck - c.p_solved, 0.0, 1.0) * c.next_fail_normal
+    conf[TOO_HARD] = (
+        np.clip(1.0 - c.p_stuck - c.p_solved, 0.0, 1.0) * c.next_fail_normal if c.p_hard is None else c.p_hard
+    )
     conf[NOISY] = noisy
     conf[LEARNED] = learned
     conf = np.where(allowed, np.clip(conf, 0.0, 1.0), -1.0)
