@@ -440,10 +440,11 @@ class _Timeline:
         return _centre(m, sigma), sigma
 
     def wrong_share(self, mu: np.ndarray, sigma: np.ndarray, ps: np.ndarray, seen: np.ndarray) -> float:
-        """The wrong labels' share: the stuck share of the domains (``_BASE_MIN_PROMPTS`` seen
-        prompts or more) where a normal group fails every rollout at most ``_BASE_FAIL`` of
-        the time (over its cells, by their groups), weighted by their seen prompts; without
-        such a domain, that of the domain where it fails least."""
+        """The wrong labels' share: the least stuck share (its upper 2-standard-error bound) of
+        the domains (``_BASE_MIN_PROMPTS`` seen prompts or more) where a normal group fails
+        every rollout at most ``_BASE_FAIL`` of the time (over its cells, by their groups);
+        without such a domain, that of the domain where it fails least. A domain whose stuck
+        share is far above it holds correct prompts beyond its level."""
         D, B = self.D, self.B
         n_bar = self.g / np.maximum(self.inv, 1e-12)
         p = _sigmoid(mu[:, None] + sigma[:, None] * _Z[None, :])
@@ -458,7 +459,8 @@ class _Timeline:
         use = ok & (f <= _BASE_FAIL)
         if not use.any():
             use = ok & (f <= f[ok].min())
-        return float((ps[use] * seen[use]).sum() / seen[use].sum())
+        upper = ps + 2.0 * np.sqrt(ps * (1.0 - ps) / np.maximum(seen, 1))
+        return float(upper[use].min())
 
     def log_lik(
         self, mu: np.ndarray, sigma: np.ndarray, fail: np.ndarray, offset: np.ndarray
@@ -527,9 +529,8 @@ def log_classes(ev: Evidence, log: RewardLog, prior: np.ndarray | None = None) -
     nf[cand] = np.where(fc, next_fail, 0.0)
     # Stuck is a wrong label or a correct prompt far beyond its level: outcomes cannot tell
     # them apart. Wrong labels are taken to be as common in every domain (a data set's errors
-    # do not follow its levels), at their share in the domains where a normal prompt rarely
-    # fails a whole group (there stuck is a wrong label); a domain's stuck share beyond it
-    # is too hard for now.
+    # do not follow its levels), at the least stuck share of the domains where a normal
+    # prompt rarely fails a whole group; a domain's stuck share beyond it is too hard for now.
     p_wrong_share = tl.wrong_share(mu, sigma, ps, np.bincount(d, minlength=D))
     wrong = np.minimum(1.0, p_wrong_share / np.maximum(ps, 1e-12))[d]
     p_wrong = qs * wrong
