@@ -284,3 +284,32 @@ def test_the_log_read_in_chunks_gives_the_findings_of_one_read():
     assert np.allclose(a.confidence, b.confidence)
     hits = a.ordinals[a.kind == quality.BROKEN]
     assert (world.kind[hits] == "never").mean() >= 0.9
+
+
+def test_a_domain_full_of_never_passing_prompts_is_too_hard_not_wrong():
+    """Outcomes cannot tell a wrong label from a correct prompt far beyond its level. Two
+    domains whose other prompts pass 80 %, 10 % wrong labels each; in the second, 40 % of
+    the correct prompts never pass too. The first's never-passers are broken; the second's
+    stuck share is far above the wrong labels' (the first's), so its never-passers, wrong
+    or not, are too hard for now (P(wrong label) ≈ 0.4 there), not listed as broken."""
+    from rollplan.service import quality as q
+
+    rng = np.random.default_rng(1)
+    P = 200
+    dom = np.r_[np.ones(100, np.int64), np.full(100, 2)]
+    p = np.full(P, 0.8)
+    p[0:10] = p[100:150] = 0.0  # wrong labels: 0–9 and 100–109; correct but out of reach: 110–149
+    o = np.tile(np.arange(P), 4)
+    s = np.repeat(np.arange(4), P)
+    n = np.full(o.size, 8.0)
+    k = rng.binomial(8, p[o]).astype(np.float64)
+    N, K = np.bincount(o, weights=n, minlength=P), np.bincount(o, weights=k, minlength=P)
+    z = np.zeros(P)
+    ev = q.Evidence(np.arange(P), N, K, dom, 3, np.full(P, 4.0), z, z, z, z)
+    c = q.log_classes(ev, q.RewardLog.of_arrays(o, s, n, k))
+    f = q._select(*q._confidences(ev, c, 1), 0.5)
+    kind = np.full(P, "", dtype=object)
+    kind[f.ordinals] = np.array(q.KINDS)[f.kind]
+    assert set(kind[:10]) == {"broken"} and set(kind[100:150]) == {"too_hard"}, kind
+    assert 0.2 < c.p_wrong[100] < 0.5 and c.p_wrong[0] > 0.9
+    assert not (kind[10:100] != "").any() and not (kind[150:] != "").any()
