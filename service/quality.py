@@ -7,11 +7,13 @@ at least ``min_rollouts`` rollouts:
 
 - ``broken`` — a **wrong label** (or an answer the verifier cannot check): it never passed
   where prompts of its domain passed *at the time of its groups*. Confidence: P(stuck),
-  the probability of the "never passes" latent class.
+  the "never passes" latent class, times the share of stuck prompts of its domain that are
+  wrong labels (below).
 - ``too_hard`` — never passed, and its failures are what a real prompt of its domain would
-  have shown when they came (a level the policy had not reached): *too hard for now*, not
-  wrong. Confidence: P(not stuck or solved) × P(a next group fails every rollout too, at
-  the level of its latest group's time).
+  have shown when they came (a level the policy had not reached), or its domain holds far
+  more never-passing prompts than wrong labels are: *too hard for now*, not wrong.
+  Confidence: the rest of P(stuck) + P(normal) × P(a next group fails every rollout too,
+  at the level of its latest group's time).
 - ``solved`` — always passed: a candidate to drop (its groups carry no gradient).
   Confidence: P(solved), the "always passes" latent class.
 - ``noisy`` — outcomes inconsistent at a stable level (a noisy verifier, or an answer
@@ -41,7 +43,11 @@ class shares per domain and the cells' normal rates are refitted for ``EM_ROUNDS
 So a failure where the domain rarely passed weighs nothing (its likelihood is ≈ 1 either
 way) and one where it passed 60 % weighs much. What outcomes cannot tell: a correct
 prompt far harder than its level (a many-carry sum the policy never passes) fails as a
-wrong label does; only a prior difficulty (o) can move it.
+wrong label does; only a prior difficulty (o) can move it. So stuck is split: wrong labels
+are taken to be as common in every domain (a data set's errors do not follow its levels),
+at the least stuck share (its upper 2-standard-error bound) of the domains where a normal
+group rarely fails every rollout (``_Timeline.wrong_share``); a domain whose stuck share
+π_d is above it, w, has P(wrong | stuck) = w / π_d, the rest too hard for now.
 
 **Without a log** (``find_pool`` without one: the pool's counts, one definition of stuck
 and solved). Where the run's strategy has latent stuck/solved
