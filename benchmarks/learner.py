@@ -71,7 +71,11 @@ Data quality, per strategy arm on the plugin path (``data_quality``): the run's
 ``/data-quality`` findings at the end, at the endpoint's defaults, against the wrong
 labels: precision and recall of ``broken`` over every level and over the levels the
 final policy passes ≥ 30 % of the time (exact pass rates of the level's correct
-prompts), and how many ``too_hard`` findings are wrong labels.
+prompts), how many ``too_hard`` findings are wrong labels, and per level the share of
+correct prompts the final policy passes < 1 % of the time (to the outcomes they are wrong
+labels: what bounds any outcome-only precision there). ``--keep-groups`` also writes each
+service arm's reward log and the truth to ``OUT/groups-ARM-SEED.npz`` (to study the
+findings offline).
 
 Writes ``learner.json`` (summary + every run's curves), ``learner_accuracy.png``
 (held-out exact accuracy against cumulative rollouts), ``learner_effective.png``
@@ -636,6 +640,16 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
 
     wrong = kind == "broken"
     hard = kind == "too_hard"
+    # Every never-passed prompt (min_confidence 0 lists each under broken or too_hard).
+    r0 = httpx.get(f"{url}/v1/runs/{run_id}/data-quality", params={"format": "jsonl", "min_confidence": 0}, timeout=300)
+    r0.raise_for_status()
+    groups = np.zeros(level.size, np.int64)
+    never = np.zeros(level.size, bool)
+    for line in r0.text.splitlines():
+        f = json.loads(line) if line else None
+        if f and f["kind"] in ("broken", "too_hard"):
+            i = world.index[f["prompt_id"]]
+            never[i], groups[i] = True, f["groups"]
     return {
         "reach": reach,
         "level_pass_rate": rate,
@@ -651,8 +665,34 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
             for lv in levels
         },
         "wrong_label_share_by_level": {int(lv): float(broken[level == lv].mean()) for lv in levels},
+        "outcome_only_bound": outcome_only_bound(
+            never & reachable, broken, level, groups, int((broken & reachable).sum())
+        ),
         "noisy_true_pass_rate": [round(float(x), 3) for x in np.sort(p[kind == "noisy"])[:50]],
     }
+
+
+def outcome_only_bound(
+    never: np.ndarray, broken: np.ndarray, level: np.ndarray, groups: np.ndarray, wrong: int, bar: float = 0.8
+) -> dict:
+    """The most wrong labels a rule that sees only a never-passed prompt's level and number
+    of groups (1 … 6+) can find at precision ≥ ``bar``, knowing the truth of each bin (the
+    bins flagged from the richest in wrong labels down): an upper bound for outcome-only
+    findings where correct prompts never pass either. ``never``: the never-passed prompts
+    considered; recall over ``wrong`` wrong labels (those of the same levels)."""
+    key = level * 10 + np.minimum(groups, 6)
+    bins = sorted(
+        ((float(broken[never & (key == k)].mean()), int((never & (key == k)).sum()), int((never & broken & (key == k)).sum()))
+         for k in np.unique(key[never])),
+        reverse=True,
+    )  # fmt: skip
+    hit = flagged = 0
+    best: dict = {"precision": None, "recall": 0.0, "found": 0}
+    for _, cnt, h in bins:
+        hit, flagged = hit + h, flagged + cnt
+        if hit / flagged >= bar:
+            best = {"precision": hit / flagged, "recall": hit / max(wrong, 1), "found": hit}
+    return {**best, "never_passed_wrong_labels": int((never & broken).sum())}
 
 
 def _final_pass_rate(world: World, model) -> np.ndarray:
@@ -1028,7 +1068,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"  data quality: wrong labels P/R {f(a['precision'])}/{f(a['recall'])} in levels passed ≥ "
                 f"{q['reach']:.0%} ({a['true']} there), {f(b['precision'])}/{f(b['recall'])} in all; "
                 f"too hard for now {q['counts']['too_hard']} ({q['too_hard_that_are_wrong_labels']} wrong labels); "
-                f"counts {q['counts']}",
+                f"counts {q['counts']}; outcome-only bound at P ≥ 0.8: R {f(q['outcome_only_bound']['recall'])}",
                 flush=True,
             )
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))
