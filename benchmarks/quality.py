@@ -125,6 +125,14 @@ def run(
             "precision": hit / found.sum() if found.any() else None,
             "recall": hit / truth.sum() if truth.any() else None,
         }
+    # The outcome-only bound: the most of a planted set a rule that sees an all-fail (all-pass)
+    # prompt's domain and number of groups could find at the target's precision, knowing the
+    # truth of each (domain, groups) bin.
+    for planted, mask, bar in (
+        ("never", seen & (pool.reward_sum <= 0), 0.9),
+        ("always", seen & (pool.reward_sum >= pool.rollouts), 0.8),
+    ):
+        row[planted]["bound"] = _bound(mask, world.kind == planted, world.domain * 10 + np.minimum(pool.groups, 6), bar)
     anything = np.zeros(prompts, bool)
     anything[f.ordinals] = True
     noisy = np.zeros(prompts, bool)
@@ -141,6 +149,23 @@ def run(
     }
     row["too_hard_found"] = int((kinds == "too_hard").sum())
     return row
+
+
+def _bound(mask: np.ndarray, truth: np.ndarray, key: np.ndarray, bar: float) -> dict:
+    """Flag ``mask``'s bins of ``key`` from the richest in ``truth`` down: the recall (over
+    ``truth``) of the most flagged at precision ≥ ``bar``."""
+    bins = sorted(
+        ((float(truth[mask & (key == k)].mean()), int((mask & (key == k)).sum()), int((truth & mask & (key == k)).sum()))
+         for k in np.unique(key[mask])),
+        reverse=True,
+    )  # fmt: skip
+    hit = flagged = 0
+    best: dict = {"precision": bar, "recall": 0.0}
+    for _, cnt, h in bins:
+        hit, flagged = hit + h, flagged + cnt
+        if hit / flagged >= bar:
+            best = {"precision": hit / flagged, "recall": hit / max(int(truth.sum()), 1)}
+    return best
 
 
 def _mean(rows: list[dict], *path: str) -> float | None:
@@ -165,6 +190,9 @@ def summarise(rows: list[dict], names: list[str]) -> list[dict]:
             for planted in FINDING:
                 for m in ("precision", "recall", "seen"):
                     s[f"{planted}_{m}"] = _mean(rs, planted, m)
+            for planted in ("never", "always"):
+                if all("bound" in r[planted] for r in rs):
+                    s[f"{planted}_bound_recall"] = _mean(rs, planted, "bound", "recall")
             s["learned_flagged_noisy"] = _mean(rs, "learned_flagged_noisy")
             s["learned_3groups"] = _mean(rs, "learned_3groups")
             s["learned_3groups_flagged_noisy"] = _mean(rs, "learned_3groups_flagged_noisy")
@@ -180,8 +208,8 @@ def _f(x: float | None) -> str:
 
 def print_table(summary: list[dict]) -> None:
     print("\nPlanted world (never-pass → broken, always-pass → solved, noisy → noisy): precision / recall (share seen)")
-    print("| strategy | never-pass | always-pass | noisy | too-hard findings |")
-    print("|---|---|---|---|---|")
+    print("| strategy | never-pass | always-pass | noisy | too-hard findings | bound: recall at P ≥ 0.9 / ≥ 0.8 |")
+    print("|---|---|---|---|---|---|")
     for s in summary:
         if s["world"] != "planted":
             continue
@@ -189,7 +217,8 @@ def print_table(summary: list[dict]) -> None:
             f"{_f(s[f'{p}_precision'])} / {_f(s[f'{p}_recall'])} ({_f(s[f'{p}_seen'])})"
             for p in ("never", "always", "noisy")
         ]
-        print(f"| {s['strategy']} | {' | '.join(cells)} | {_f(s['too_hard_found'])} |")
+        bound = f"{_f(s.get('never_bound_recall'))} / {_f(s.get('always_bound_recall'))}"
+        print(f"| {s['strategy']} | {' | '.join(cells)} | {_f(s['too_hard_found'])} | {bound} |")
     print("\nLearned world (200 prompts learned during the run): learned precision / recall, share flagged noisy")
     print("| strategy | learned P / R | flagged noisy (all) | seen 3+ groups | flagged noisy (3+ groups) |")
     print("|---|---|---|---|---|")
