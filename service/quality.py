@@ -373,8 +373,11 @@ class _Timeline:
         pos_of[cand] = np.arange(cand.size)
         rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for ordinal, step, n, k in log.chunks():
-            at = np.minimum(np.searchsorted(ev.idx, ordinal), max(ev.idx.size - 1, 0))
-            ok = (n > 0) & (ev.idx.size > 0) & (ev.idx[at] == ordinal) if ev.idx.size else np.zeros(n.size, bool)
+            if ev.idx.size == 0:
+                break  # nothing seen: no candidate, no cell to fill
+            # The groups of prompts the pool has seen (a log read after the pool may hold more).
+            at = np.minimum(np.searchsorted(ev.idx, ordinal), ev.idx.size - 1)
+            ok = (n > 0) & (ev.idx[at] == ordinal)
             at, step, n, k = at[ok], step[ok], n[ok], k[ok]
             cell = ev.d[at] * self.B + np.clip((step - lo) // width, 0, self.B - 1)
             r = np.clip(k / n, 0.0, 1.0)
