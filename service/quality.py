@@ -79,6 +79,9 @@ So ``FFFF…PPPP`` (S = 0, M = 1) is learned, ``PFPFPF`` noisy.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -302,6 +305,7 @@ class RewardLog:
 
     extent: tuple[int, int, int]
     chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+    upto: int | None = None  # the log position read up to (a run's state's ``seq``)
 
     @classmethod
     def of_arrays(cls, ordinal: np.ndarray, step: np.ndarray, n: np.ndarray, k: np.ndarray) -> RewardLog:
@@ -644,16 +648,39 @@ def find_pool(pool: PoolState, *, min_rollouts: int, min_confidence: float, log:
     return _select(*confidences(pool, pool.step + 1, min_rollouts, log), min_confidence)
 
 
+_CACHE_SIZE = 8  # the latest states' confidences, so that the pages of one state weigh its log once
+_Conf = tuple[np.ndarray, np.ndarray, np.ndarray, str]
+_cache: OrderedDict[tuple[int, int, int], tuple[weakref.ref, _Conf]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def find(state: RunState, *, min_rollouts: int, min_confidence: float, log: RewardLog | None = None) -> Findings:
     """A run's findings. With ``log`` the pool's evidence is taken under the state's lock
-    and the log is read and weighed after it is released (a plan is not held up by it)."""
+    and the log is read and weighed after it is released (a plan is not held up by it);
+    the confidences of a state at a log position are kept for its next pages (the state
+    object itself, held weakly, and the position are the key)."""
     if log is None:
         with state.read() as pool:
             return find_pool(pool, min_rollouts=min_rollouts, min_confidence=min_confidence)
-    with state.read() as pool:
-        ev = Evidence.of(pool)  # copies: nothing of the pool is held past the lock
-        prior = prior_logit(pool, ev, pool.step + 1)
-    return _select(*_confidences(ev, log_classes(ev, log, prior), min_rollouts), min_confidence)
+    key = (id(state), -1 if log.upto is None else log.upto, min_rollouts)
+    hit: _Conf | None = None
+    with _cache_lock:
+        entry = _cache.get(key) if log.upto is not None else None
+        if entry is not None and entry[0]() is state:
+            _cache.move_to_end(key)
+            hit = entry[1]
+    if hit is None:
+        with state.read() as pool:
+            same = state.seq == log.upto  # the pool and the log at one position
+            ev = Evidence.of(pool)  # copies: nothing of the pool is held past the lock
+            prior = prior_logit(pool, ev, pool.step + 1)
+        hit = _confidences(ev, log_classes(ev, log, prior), min_rollouts)
+        if same:
+            with _cache_lock:
+                _cache[key] = (weakref.ref(state), hit)
+                while len(_cache) > _CACHE_SIZE:
+                    _cache.popitem(last=False)
+    return _select(*hit, min_confidence)
 
 
 def store_log(session: Session, state: RunState) -> RewardLog:
@@ -666,7 +693,7 @@ def store_log(session: Session, state: RunState) -> RewardLog:
         for ordinal, step, n, rsum in sql.log_chunks(session, state.run_pk, upto):
             yield ordinal, step, n, np.clip((rsum - n * lo) / (hi - lo), 0.0, n)
 
-    return RewardLog(sql.log_extent(session, state.run_pk, upto), chunks)
+    return RewardLog(sql.log_extent(session, state.run_pk, upto), chunks, upto)
 
 
 def evidence(state: RunState, ordinals: np.ndarray) -> dict[str, Any]:

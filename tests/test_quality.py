@@ -313,3 +313,24 @@ def test_a_domain_full_of_never_passing_prompts_is_too_hard_not_wrong():
     assert set(kind[:10]) == {"broken"} and set(kind[100:150]) == {"too_hard"}, kind
     assert 0.2 < c.p_wrong[100] < 0.5 and c.p_wrong[0] > 0.9
     assert not (kind[10:100] != "").any() and not (kind[150:] != "").any()
+
+
+def test_the_pages_of_one_state_weigh_its_log_once(client, monkeypatch):
+    """Paging through the findings of a run that has not moved reads and weighs its log
+    once; a new report (a new log position) weighs it again, and sees the new groups."""
+    from rollplan.service import quality as q
+
+    calls = []
+    real = q.log_classes
+    monkeypatch.setattr(q, "log_classes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _ordered_run(client, "dq-cache")
+    first = client.get("/v1/runs/dq-cache/data-quality", params={"limit": 5, "min_confidence": 0}).json()
+    second = client.get(
+        "/v1/runs/dq-cache/data-quality", params={"limit": 5, "min_confidence": 0, "cursor": first["next_cursor"]}
+    ).json()
+    assert len(calls) == 1 and first["next_cursor"] and second["items"]
+    assert {i["prompt_id"] for i in first["items"]}.isdisjoint(i["prompt_id"] for i in second["items"])
+    _report(client, "dq-cache", 8, {"wrong": [0] * 8})
+    again = client.get("/v1/runs/dq-cache/data-quality", params={"min_confidence": 0, "limit": 1000}).json()
+    assert len(calls) == 2
+    assert next(i for i in again["items"] if i["prompt_id"] == "wrong")["groups"] == 2
