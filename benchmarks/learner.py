@@ -71,7 +71,11 @@ Data quality, per strategy arm on the plugin path (``data_quality``): the run's
 ``/data-quality`` findings at the end, at the endpoint's defaults, against the wrong
 labels: precision and recall of ``broken`` over every level and over the levels the
 final policy passes ≥ 30 % of the time (exact pass rates of the level's correct
-prompts), and how many ``too_hard`` findings are wrong labels.
+prompts), how many ``too_hard`` findings are wrong labels, and per level the share of
+correct prompts the final policy passes < 1 % of the time (to the outcomes they are wrong
+labels: what bounds any outcome-only precision there). ``--keep-groups`` also writes each
+service arm's reward log and the truth to ``OUT/groups-ARM-SEED.npz`` (to study the
+findings offline).
 
 Writes ``learner.json`` (summary + every run's curves), ``learner_accuracy.png``
 (held-out exact accuracy against cumulative rollouts), ``learner_effective.png``
@@ -571,7 +575,37 @@ def run_arm(job: dict) -> dict:
             raise
         planner.close()
         row["data_quality"] = data_quality_row(url, run_id, world, model)
+        if job.get("keep_groups"):
+            _keep_groups(Path(tmp) / "rollplan.db", Path(job["keep_groups"]) / f"groups-{arm}-{seed}.npz", world, model)
         return row
+
+
+def _keep_groups(db: Path, path: Path, world: World, model) -> None:
+    """The run's reward log (one row per group: world index of the prompt, step, n, passes)
+    and the truth (each prompt's level, wrong label, the final policy's exact pass rate), for
+    studying the data-quality findings offline."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        ids = dict(con.execute("SELECT ordinal, id FROM prompts").fetchall())
+        rows = np.array(
+            con.execute(
+                "SELECT prompt_ordinal, step, n, reward_sum FROM results ORDER BY report_seq, position"
+            ).fetchall(),
+            np.float64,
+        ).reshape(-1, 4)
+    where = np.array([world.index[ids[int(o)]] for o in rows[:, 0]], np.int64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path,
+        prompt=where,
+        step=rows[:, 1].astype(np.int64),
+        n=rows[:, 2],
+        k=rows[:, 3],
+        level=np.asarray(world.pool.level, np.int64),
+        broken=np.asarray(world.pool.broken, bool),
+        final_pass_rate=_final_pass_rate(world, model),
+    )
 
 
 def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 0.3) -> dict:
@@ -584,12 +618,7 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
     r = httpx.get(f"{url}/v1/runs/{run_id}/data-quality", params={"format": "jsonl"}, timeout=300)
     r.raise_for_status()
     found = [json.loads(line) for line in r.text.splitlines() if line]
-    model.eval()
-    with torch.no_grad():
-        p = np.concatenate([
-            np.asarray(model.pass_rate(world.pool.prompt[i : i + 256], world.pool.label[i : i + 256]))
-            for i in range(0, world.pool.prompt.shape[0], 256)
-        ])  # fmt: skip
+    p = _final_pass_rate(world, model)
     level = np.asarray(world.pool.level, np.int64)
     broken = np.asarray(world.pool.broken, bool)
     ok = ~broken
@@ -611,6 +640,16 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
 
     wrong = kind == "broken"
     hard = kind == "too_hard"
+    # Every never-passed prompt (min_confidence 0 lists each under broken or too_hard).
+    r0 = httpx.get(f"{url}/v1/runs/{run_id}/data-quality", params={"format": "jsonl", "min_confidence": 0}, timeout=300)
+    r0.raise_for_status()
+    groups = np.zeros(level.size, np.int64)
+    never = np.zeros(level.size, bool)
+    for line in r0.text.splitlines():
+        f = json.loads(line) if line else None
+        if f and f["kind"] in ("broken", "too_hard"):
+            i = world.index[f["prompt_id"]]
+            never[i], groups[i] = True, f["groups"]
     return {
         "reach": reach,
         "level_pass_rate": rate,
@@ -619,8 +658,51 @@ def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 
         "wrong_label_reachable_levels": pr(wrong & reachable, broken & reachable),
         "too_hard_that_are_wrong_labels": int((hard & broken).sum()),
         "too_hard_in_reachable_levels": int((hard & reachable).sum()),
+        # Correct prompts the final policy (nearly) never passes, per level: to the outcomes
+        # they look as a wrong label does (what bounds any outcome-only precision there).
+        "correct_below_1pct_by_level": {
+            int(lv): float((p[(level == lv) & ok] < 0.01).mean()) if ((level == lv) & ok).any() else None
+            for lv in levels
+        },
+        "wrong_label_share_by_level": {int(lv): float(broken[level == lv].mean()) for lv in levels},
+        "outcome_only_bound": outcome_only_bound(
+            never & reachable, broken, level, groups, int((broken & reachable).sum())
+        ),
         "noisy_true_pass_rate": [round(float(x), 3) for x in np.sort(p[kind == "noisy"])[:50]],
     }
+
+
+def outcome_only_bound(
+    never: np.ndarray, broken: np.ndarray, level: np.ndarray, groups: np.ndarray, wrong: int, bar: float = 0.8
+) -> dict:
+    """The most wrong labels a rule that sees only a never-passed prompt's level and number
+    of groups (1 … 6+) can find at precision ≥ ``bar``, knowing the truth of each bin (the
+    bins flagged from the richest in wrong labels down): an upper bound for outcome-only
+    findings where correct prompts never pass either. ``never``: the never-passed prompts
+    considered; recall over ``wrong`` wrong labels (those of the same levels)."""
+    key = level * 10 + np.minimum(groups, 6)
+    bins = sorted(
+        ((float(broken[never & (key == k)].mean()), int((never & (key == k)).sum()), int((never & broken & (key == k)).sum()))
+         for k in np.unique(key[never])),
+        reverse=True,
+    )  # fmt: skip
+    hit = flagged = 0
+    best: dict = {"precision": None, "recall": 0.0, "found": 0}
+    for _, cnt, h in bins:
+        hit, flagged = hit + h, flagged + cnt
+        if hit / flagged >= bar:
+            best = {"precision": hit / flagged, "recall": hit / max(wrong, 1), "found": hit}
+    return {**best, "never_passed_wrong_labels": int((never & broken).sum())}
+
+
+def _final_pass_rate(world: World, model) -> np.ndarray:
+    """Every pool prompt's exact pass rate under the policy now (teacher forcing)."""
+    model.eval()
+    with torch.no_grad():
+        return np.concatenate([
+            np.asarray(model.pass_rate(world.pool.prompt[i : i + 256], world.pool.label[i : i + 256]))
+            for i in range(0, world.pool.prompt.shape[0], 256)
+        ])  # fmt: skip
 
 
 def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -> dict:
@@ -910,6 +992,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="parallel processes, one (arm, seed) each",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument(
+        "--keep-groups",
+        action="store_true",
+        help="also write each service arm's reward log and the truth to OUT/groups-ARM-SEED.npz (data quality, offline)",
+    )
     ap.add_argument("--out", default="benchmarks/out/learner")
     args = ap.parse_args(argv)
     cfg = LearnerConfig()
@@ -959,6 +1046,7 @@ def main(argv: list[str] | None = None) -> dict:
             "device": args.device,
             "threads": threads,
             "warmup_path": warm[s]["path"],
+            "keep_groups": str(out) if args.keep_groups else None,
         }
         for s in seeds
         for a in arms
@@ -980,7 +1068,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"  data quality: wrong labels P/R {f(a['precision'])}/{f(a['recall'])} in levels passed ≥ "
                 f"{q['reach']:.0%} ({a['true']} there), {f(b['precision'])}/{f(b['recall'])} in all; "
                 f"too hard for now {q['counts']['too_hard']} ({q['too_hard_that_are_wrong_labels']} wrong labels); "
-                f"counts {q['counts']}",
+                f"counts {q['counts']}; outcome-only bound at P ≥ 0.8: R {f(q['outcome_only_bound']['recall'])}",
                 flush=True,
             )
     rows.sort(key=lambda r: (r["seed"], arms.index(r["arm"])))

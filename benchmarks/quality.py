@@ -72,7 +72,15 @@ class World:
 
 
 def run(
-    strategy_name: str, seed: int, prompts: int, steps: int, batch: int, rollouts: int, scale: float, world_name: str
+    strategy_name: str,
+    seed: int,
+    prompts: int,
+    steps: int,
+    batch: int,
+    rollouts: int,
+    scale: float,
+    world_name: str,
+    use_log: bool = True,
 ) -> dict:
     rng = np.random.default_rng(seed)
     world = World(prompts, rng, WORLDS[world_name], scale)
@@ -81,14 +89,17 @@ def run(
     pool = strategy.make_pool()
     pool.set_prompts(np.arange(prompts), world.domain, np.full(prompts, np.nan))
     t0 = time.perf_counter()
+    logged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # the reward log, as the service keeps it
     for step in range(steps):
         req = strat.PlanRequest(batch, batch * rollouts, 1, 64, step)
         d = strategy.plan(pool, req, strat.plan_rng(f"quality-{seed}", step, strategy_name))
         k = world.rollout(d.ordinals, d.rollouts, step, roll)
         pool.observe(_observations(d.ordinals, d.rollouts, k, step))
+        logged.append((d.ordinals, np.full(d.ordinals.size, step), d.rollouts, k))
     sim_s = time.perf_counter() - t0
+    log = quality.RewardLog.of_arrays(*(np.concatenate(c) for c in zip(*logged))) if use_log and logged else None
     t0 = time.perf_counter()
-    f = quality.find_pool(pool, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE)
+    f = quality.find_pool(pool, min_rollouts=1, min_confidence=DEFAULT_CONFIDENCE, log=log)
     find_s = time.perf_counter() - t0
     kinds = np.array(quality.KINDS)[f.kind] if f.ordinals.size else np.array([], dtype=object)
     seen = pool.rollouts > 0
@@ -96,6 +107,7 @@ def run(
         "world": world_name,
         "strategy": strategy_name,
         "seed": seed,
+        "model": f.model,
         "sim_s": sim_s,
         "find_s": find_s,
         "counts": f.counts,
@@ -113,6 +125,14 @@ def run(
             "precision": hit / found.sum() if found.any() else None,
             "recall": hit / truth.sum() if truth.any() else None,
         }
+    # The outcome-only bound: the most of a planted set a rule that sees an all-fail (all-pass)
+    # prompt's domain and number of groups could find at the target's precision, knowing the
+    # truth of each (domain, groups) bin.
+    for planted, mask, bar in (
+        ("never", seen & (pool.reward_sum <= 0), 0.9),
+        ("always", seen & (pool.reward_sum >= pool.rollouts), 0.8),
+    ):
+        row[planted]["bound"] = _bound(mask, world.kind == planted, world.domain * 10 + np.minimum(pool.groups, 6), bar)
     anything = np.zeros(prompts, bool)
     anything[f.ordinals] = True
     noisy = np.zeros(prompts, bool)
@@ -129,6 +149,23 @@ def run(
     }
     row["too_hard_found"] = int((kinds == "too_hard").sum())
     return row
+
+
+def _bound(mask: np.ndarray, truth: np.ndarray, key: np.ndarray, bar: float) -> dict:
+    """Flag ``mask``'s bins of ``key`` from the richest in ``truth`` down: the recall (over
+    ``truth``) of the most flagged at precision ≥ ``bar``."""
+    bins = sorted(
+        ((float(truth[mask & (key == k)].mean()), int((mask & (key == k)).sum()), int((truth & mask & (key == k)).sum()))
+         for k in np.unique(key[mask])),
+        reverse=True,
+    )  # fmt: skip
+    hit = flagged = 0
+    best: dict = {"precision": bar, "recall": 0.0}
+    for _, cnt, h in bins:
+        hit, flagged = hit + h, flagged + cnt
+        if hit / flagged >= bar:
+            best = {"precision": hit / flagged, "recall": hit / max(int(truth.sum()), 1)}
+    return best
 
 
 def _mean(rows: list[dict], *path: str) -> float | None:
@@ -153,6 +190,9 @@ def summarise(rows: list[dict], names: list[str]) -> list[dict]:
             for planted in FINDING:
                 for m in ("precision", "recall", "seen"):
                     s[f"{planted}_{m}"] = _mean(rs, planted, m)
+            for planted in ("never", "always"):
+                if all("bound" in r[planted] for r in rs):
+                    s[f"{planted}_bound_recall"] = _mean(rs, planted, "bound", "recall")
             s["learned_flagged_noisy"] = _mean(rs, "learned_flagged_noisy")
             s["learned_3groups"] = _mean(rs, "learned_3groups")
             s["learned_3groups_flagged_noisy"] = _mean(rs, "learned_3groups_flagged_noisy")
@@ -168,8 +208,8 @@ def _f(x: float | None) -> str:
 
 def print_table(summary: list[dict]) -> None:
     print("\nPlanted world (never-pass → broken, always-pass → solved, noisy → noisy): precision / recall (share seen)")
-    print("| strategy | never-pass | always-pass | noisy | too-hard findings |")
-    print("|---|---|---|---|---|")
+    print("| strategy | never-pass | always-pass | noisy | too-hard findings | bound: recall at P ≥ 0.9 / ≥ 0.8 |")
+    print("|---|---|---|---|---|---|")
     for s in summary:
         if s["world"] != "planted":
             continue
@@ -177,7 +217,8 @@ def print_table(summary: list[dict]) -> None:
             f"{_f(s[f'{p}_precision'])} / {_f(s[f'{p}_recall'])} ({_f(s[f'{p}_seen'])})"
             for p in ("never", "always", "noisy")
         ]
-        print(f"| {s['strategy']} | {' | '.join(cells)} | {_f(s['too_hard_found'])} |")
+        bound = f"{_f(s.get('never_bound_recall'))} / {_f(s.get('always_bound_recall'))}"
+        print(f"| {s['strategy']} | {' | '.join(cells)} | {_f(s['too_hard_found'])} | {bound} |")
     print("\nLearned world (200 prompts learned during the run): learned precision / recall, share flagged noisy")
     print("| strategy | learned P / R | flagged noisy (all) | seen 3+ groups | flagged noisy (3+ groups) |")
     print("|---|---|---|---|---|")
@@ -199,6 +240,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--strategies", default="default,uniform,beta")
+    ap.add_argument(
+        "--pool-model",
+        action="store_true",
+        help="score the pool's counts against the strategy's model or the Beta test (the view before the "
+        "reward log was read), not each group at its step",
+    )
     ap.add_argument("--out", default="benchmarks/out/quality")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -212,7 +259,9 @@ def main(argv: list[str] | None = None) -> dict:
     for world in WORLDS:
         for seed in range(args.seeds):
             for name in names:
-                r = run(name, seed, args.prompts, args.steps, args.batch, args.rollouts, scale, world)
+                r = run(
+                    name, seed, args.prompts, args.steps, args.batch, args.rollouts, scale, world, not args.pool_model
+                )
                 rows.append(r)
                 print(
                     f"{world} seed {seed} {name:10s} never P/R {_f(r['never']['precision'])}/{_f(r['never']['recall'])} "

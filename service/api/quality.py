@@ -55,15 +55,17 @@ class Finding(BaseModel):
 class QualityPage(BaseModel):
     counts: dict[str, int] = Field(description="Findings of each kind at this confidence, before the filters.")
     criteria: dict[str, float | int]
-    model: Literal["strategy", "beta"] = Field(
-        description="Whose stuck/solved posterior the confidences are: the strategy's own latent classes "
-        "(default, frontier with latent) or the empirical-Bayes Beta test (every other strategy)."
+    model: Literal["log", "strategy", "beta"] = Field(
+        description="Whose stuck/solved posterior the confidences are: log (the view's own): each group of the "
+        "run's reward log weighed against how prompts of its domain passed at that group's step; strategy / beta "
+        "(the pool's counts against the strategy's latent classes or an empirical-Bayes Beta test) where a "
+        "caller of service/quality.py gives no log."
     )
     items: list[Finding]
     next_cursor: str | None = None
 
 
-def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order):
+def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order, log=None):
     code = None
     if domain is not None:
         code = state.domain_codes.get(domain)
@@ -71,7 +73,7 @@ def _findings(state, kind, domain, min_rollouts, min_confidence, sort, order):
             known = [n if len(n) <= 40 else n[:40] + "…" for n in state.domain_names() if n is not None]
             listed = ", ".join(map(repr, known[:20])) + (" …" if len(known) > 20 else "")
             raise Invalid(f"domain {domain[:80]!r} is not a domain of this run; its domains: {listed or 'none'}")
-    f = quality.find(state, min_rollouts=min_rollouts, min_confidence=min_confidence)
+    f = quality.find(state, min_rollouts=min_rollouts, min_confidence=min_confidence, log=log)
     ords, kinds, conf = f.ordinals, f.kind, f.confidence
     names = state.domain_names()
     keep = np.ones(ords.size, bool)
@@ -166,7 +168,8 @@ def data_quality(
     model (``service/quality.py``)."""
     run = engine.get_run(session, run_id)
     state = engine.context(session, run)
-    counts, rows, model = _findings(state, kind, domain, min_rollouts, min_confidence, sort, order)
+    log = quality.store_log(session, state)
+    counts, rows, model = _findings(state, kind, domain, min_rollouts, min_confidence, sort, order, log)
     criteria = {"min_rollouts": min_rollouts, "min_confidence": min_confidence}
     if format == "json":
         raw = _decode_cursor(cursor, _OFFSET)

@@ -887,7 +887,7 @@ const RP = (() => {
       const c = page.counts;
       document.getElementById("quality-counts").textContent =
         "At this confidence: " + c.broken + " wrong labels, " + c.too_hard + " too hard for now, " + c.solved + " always solved, "
-        + c.noisy + " noisy, " + c.learned + " learned (confidence: " + (page.model === "strategy" ? "the strategy's own stuck/solved model" : "a Beta test per domain") + ").";
+        + c.noisy + " noisy, " + c.learned + " learned (confidence: " + (page.model === "log" ? "each group against its domain's pass rate at its step" : page.model === "strategy" ? "the strategy's own stuck/solved model" : "a Beta test per domain") + ").";
       fillTable("quality", page.items.map(i => el("tr", { "data-prompt": i.prompt_id, "data-kind": i.kind },
         el("td", {}, el("a", { href: "/ui/runs/" + encodeURIComponent(runId) + "/prompts/" + encodeURIComponent(i.prompt_id) }, i.prompt_id)),
         el("td", {}, i.domain ?? "(none)"), el("td", {}, QUALITY_TEXT[i.kind] || i.kind), el("td", {}, fmt(i.confidence)),
