@@ -132,18 +132,22 @@ def run_cost_arm(arm: str, sim: SimConfig, ccfg: CostConfig, token_budget: float
     used = tokens_used = zero_tokens = 0.0
     completions = truncated_n = truncated_if_hinted = hinted_items = items = 0
     curve = []
+    # What the service assumes before any length is reported (``plans.decide``).
+    unknown = cost_mod.unknown_tokens(token_budget if in_tokens else None, B, n0, ccfg.limit)
     t0 = time.perf_counter()
     for step in range(sim.steps):
         rng_plan = strat.plan_rng("cost", step, name)
         if in_tokens:
             req = strat.PlanRequest(2 * B, 2 * B * n0, lo, hi, step)  # the planner's 2 × batch candidates
             d = strategy.plan(pool, req, rng_plan)
-            keep, n = cost_mod.token_plan(pool, d.ordinals, d.predicted_pass_rate, token_budget, B, lo, hi)
+            keep, n = cost_mod.token_plan(
+                pool, d.ordinals, d.predicted_pass_rate, token_budget, B, lo, hi, None, unknown
+            )
             idx = d.ordinals[keep]
         else:
             d = strategy.plan(pool, strat.PlanRequest(B, B * n0, lo, hi, step), rng_plan)
             idx, n = d.ordinals, d.rollouts
-        _, hint, _ = cost_mod.item_costs(pool, idx, n, ccfg.limit)
+        _, hint, _ = cost_mod.item_costs(pool, idx, n, ccfg.limit, unknown)
         limit_i = np.where(hint > 0, hint, ccfg.limit) if hints else np.full(idx.size, ccfg.limit)
         L = world.lengths(idx, n, roll_rng)
         lim = np.repeat(limit_i, n)

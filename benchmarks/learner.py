@@ -60,6 +60,19 @@ seen prompts, else 0.5: what knowing the seen part of the pool is worth,
 without exploring). Each step is one GRPO policy-gradient update
 (group-normalised advantages, Adam) on the batch's groups.
 
+Tokens, per run: a rollout's completion length is its answer as a model that stops would
+write it (``completion_tokens``: the digits up to the most significant non-zero one and an
+end token; longer for longer, harder problems), reported with its rewards through the
+plugins (``(prompt_id, rewards, tokens, truncated)``). ``--max-new-tokens L``: the trainer's
+generation limit, sent with every plan; a longer answer is cut at the limit and scores 0
+(``truncated``), and an item's ``max_new_tokens`` hint, where the plan gives one, is applied
+as that item's limit. ``ARM/tokens`` (e.g. ``default/tokens``) plans in tokens: the
+equivalent token budget B · n · the mean length of the pool's labels
+(``equivalent_token_budget``), at most B prompts. Per run: ``tokens``, ``token_curve`` (held-out
+accuracy against cumulative tokens), ``tokens_to_target``, the share of tokens in zero-signal
+groups and of truncated completions; ``summary_tokens`` gives per arm tokens and rollouts to
+the target and, for ``ARM/tokens``, their paired ratios to ``ARM``.
+
 Calibration, per run: ``brier`` is the mean over planned groups (DAPO: every
 drawn group) of (the plan item's predicted pass rate − the group's mean
 reward)² (None for the oracle arms, which have no plan); ``brier_beta`` and
@@ -135,6 +148,7 @@ class LearnerConfig:
     sync: bool = False  # the synchronous client instead of the plugin scheduler (same order of calls)
     prefetch: bool = True  # plan step k + 1 while step k trains (False: after step k is reported)
     send_domains: bool = True  # False: prompts are sent with their text and no domain (the level)
+    max_new_tokens: int | None = None  # the trainer's generation limit (None: none; answers are ≤ W + 2 tokens)
 
     def warmup_key(self, seed: int) -> str:
         keys = (
@@ -383,13 +397,66 @@ def grpo_update(
     opt.step()
 
 
-def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device):
-    """Sample ``counts[j]`` answers for prompt ``idx[j]``: answers, rewards, group of each."""
+def completion_tokens(answers: torch.Tensor) -> torch.Tensor:
+    """(N,) the length of each answer as a model that stops would write it: its digits up
+    to the most significant non-zero one (at least one; answers are least significant
+    first, zero-padded) and an end-of-answer token. Longer for harder (longer) problems."""
+    pos = torch.arange(1, answers.shape[1] + 1, device=answers.device)
+    return ((answers != 0) * pos).amax(-1).clamp(min=1) + 1
+
+
+@dataclass
+class Rollouts:
+    """One step's samples: ``answers[r]``, ``rewards[r]`` and ``group[r]`` (the plan item)
+    of each rollout, its completion ``tokens`` and whether the limit ``truncated`` it."""
+
+    answers: torch.Tensor
+    rewards: torch.Tensor
+    group: torch.Tensor
+    tokens: torch.Tensor
+    truncated: torch.Tensor
+
+
+def rollout(model, world, idx: np.ndarray, counts: np.ndarray, gen, device, limits=None) -> Rollouts:
+    """Sample ``counts[j]`` answers for prompt ``idx[j]``. ``limits[j]``: the generation
+    limit of item j (None: no limit); a longer answer is cut there (its tokens are the
+    limit) and scores 0."""
     group = torch.as_tensor(np.repeat(np.arange(idx.size), counts), device=device)
     pidx = torch.as_tensor(idx, device=device)[group]
     answers = model.sample(world.pool.prompt[torch.as_tensor(idx, device=device)], group, gen)
     rewards = (answers == world.pool.label[pidx]).all(-1).float()
-    return answers, rewards, group
+    tokens = completion_tokens(answers)
+    truncated = torch.zeros_like(rewards, dtype=torch.bool)
+    if limits is not None:
+        cap = torch.as_tensor(np.asarray(limits, np.int64), device=device)[group]
+        truncated = tokens > cap
+        tokens = torch.minimum(tokens, cap)
+        rewards = rewards * ~truncated
+    return Rollouts(answers, rewards, group, tokens, truncated)
+
+
+def report_groups(world: World, idx: np.ndarray, ro: Rollouts) -> list[tuple]:
+    """A step's groups as the plugins report them: (prompt id, rewards, tokens, truncated)."""
+    g = ro.group.cpu().numpy()
+    order = np.argsort(g, kind="stable")
+    cuts = np.cumsum(np.bincount(g, minlength=idx.size))[:-1]
+    cols = [np.split(x.cpu().numpy()[order], cuts) for x in (ro.rewards, ro.tokens, ro.truncated)]
+    return [(world.ids[i], r.tolist(), t.tolist(), f.tolist()) for i, r, t, f in zip(idx.tolist(), *cols)]
+
+
+def equivalent_token_budget(cfg: LearnerConfig, world: World) -> int:
+    """A token budget equal to the rollout budget's expected cost: B · n · the mean length
+    of the pool's labels written as answers (``completion_tokens``)."""
+    return int(round(cfg.batch * cfg.rollouts * float(completion_tokens(world.pool.label).double().mean())))
+
+
+def arm_mode(arm: str) -> tuple[str, str]:
+    """(strategy arm, budget mode) of an arm: ``ARM/tokens`` plans in tokens (the equivalent
+    token budget), any other arm in rollouts."""
+    base, sep, mode = arm.rpartition("/")
+    if sep and mode == "tokens":
+        return base, "tokens"
+    return arm, "rollouts"
 
 
 ORACLE_ARMS = ("oracle", "first_sight_oracle")
@@ -403,11 +470,19 @@ class StepPlan:
     counts: np.ndarray
     predicted: np.ndarray  # the service's predicted pass rate of each item (NaN: none)
     plan_id: str | None
+    hints: list | None = None  # each item's max_new_tokens hint (None: none)
 
 
 def shards(n_groups: int, reporters: int) -> list[np.ndarray]:
     """The groups each data-parallel rank reports: contiguous shares of the plan."""
     return np.array_split(np.arange(n_groups), reporters)
+
+
+def budgets(planner, budget: int) -> dict:
+    """A plan request's budgets: the rollout budget, or the planner's token budget instead
+    (at most the batch's prompts), and the trainer's generation limit (for hints)."""
+    rollouts = budget if planner.token_budget is None else None
+    return {"rollout_budget": rollouts, "token_budget": planner.token_budget, "max_new_tokens": planner.max_new_tokens}
 
 
 class PluginPlanner:
@@ -420,9 +495,20 @@ class PluginPlanner:
     driver = "plugin"
 
     def __init__(
-        self, url: str, run_id: str, world: World, settings: dict, prompts: list[dict], reporters: int, spool_dir: Path
+        self,
+        url: str,
+        run_id: str,
+        world: World,
+        settings: dict,
+        prompts: list[dict],
+        reporters: int,
+        spool_dir: Path,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> None:
         from rollplan.plugins.core import PromptIds, RollplanScheduler
+
+        self.token_budget, self.max_new_tokens = token_budget, max_new_tokens
 
         ids = PromptIds(world.ids)
         self.scheds = []
@@ -439,24 +525,26 @@ class PluginPlanner:
                 timeout=120.0,
                 prefetch=False,
             )  # the loop places the prefetch itself
+            sc.applies_hints = True  # the loop applies each item's hint as its generation limit
             self.scheds.append(sc)
             if not sc.attach():
                 raise RuntimeError(f"rank {r} could not attach to run {run_id!r} at {url}")
         self.reports = 0
 
     def plan(self, step: int, batch: int, budget: int) -> StepPlan:
-        plans = [sc.plan(step, batch, budget) for sc in self.scheds]
+        plans = [sc.plan(step, batch, **budgets(self, budget)) for sc in self.scheds]
         head = plans[0]
         if any(p.source != "service" for p in plans):
             raise RuntimeError(f"step {step}: the scheduler fell back to a uniform plan; see its warning")
         if any(p.plan_id != head.plan_id or p.prompt_ids != head.prompt_ids for p in plans[1:]):
             raise RuntimeError(f"step {step}: the ranks got different plans")
         pred = np.array([np.nan if x is None else x for x in head.predicted_pass_rates], np.float64)
-        return StepPlan(np.array(head.indices, np.int64), np.array(head.rollouts, np.int64), pred, head.plan_id)
+        idx = np.array(head.indices, np.int64)
+        return StepPlan(idx, np.array(head.rollouts, np.int64), pred, head.plan_id, head.max_new_tokens)
 
     def prefetch(self, step: int, batch: int, budget: int) -> None:
         for sc in self.scheds:
-            sc.prefetch(step, batch, budget)
+            sc.prefetch(step, batch, **budgets(self, budget))
 
     def settle(self) -> None:
         """Wait until every queued report is stored (the schedulers' flush)."""
@@ -487,18 +575,28 @@ class ClientPlanner:
 
     driver = "client"
 
-    def __init__(self, rp, run_id: str, world: World, reporters: int) -> None:
+    def __init__(
+        self,
+        rp,
+        run_id: str,
+        world: World,
+        reporters: int,
+        token_budget: int | None = None,
+        max_new_tokens: int | None = None,
+    ) -> None:
         self.rp, self.run_id, self.index, self.reporters = rp, run_id, world.index, reporters
+        self.token_budget, self.max_new_tokens = token_budget, max_new_tokens
         self.pending: dict[int, StepPlan] = {}
         self.reports = 0
 
     def _fetch(self, step: int, batch: int, budget: int) -> StepPlan:
-        plan = self.rp.plan(self.run_id, batch, rollout_budget=budget, step=step)
+        plan = self.rp.plan(self.run_id, batch, step=step, **budgets(self, budget))
         return StepPlan(
             np.array([self.index[it.prompt_id] for it in plan.items], np.int64),
             np.array([it.rollouts for it in plan.items], np.int64),
             np.array([it.predicted_pass_rate for it in plan.items], np.float64),
             plan.plan_id,
+            [it.max_new_tokens for it in plan.items],
         )
 
     def plan(self, step: int, batch: int, budget: int) -> StepPlan:
@@ -550,8 +648,13 @@ def run_arm(job: dict) -> dict:
     from .speed import server
 
     run_id = re.sub(r"[^A-Za-z0-9._:-]", "_", f"learner-{arm}-{seed}")
+    base, mode = arm_mode(arm)
+    plan_kw = {
+        "token_budget": equivalent_token_budget(cfg, world) if mode == "tokens" else None,
+        "max_new_tokens": cfg.max_new_tokens,
+    }
     settings = {
-        "strategy": {"name": "uniform"} if arm == "dapo" else sim.arm_strategy(arm),
+        "strategy": {"name": "uniform"} if arm == "dapo" else sim.arm_strategy(base),
         "rollouts_per_prompt": n0,
         "min_rollouts": 1,
         "max_rollouts": max(64, n0),
@@ -565,9 +668,9 @@ def run_arm(job: dict) -> dict:
             with Client(url, timeout=120) as rp:
                 rp.put_run(run_id, **settings)
                 rp.upsert_prompts(run_id, [{"id": pid, **p} for pid, p in zip(world.ids, prompts)], progress=False)
-                planner = None if arm == "dapo" else ClientPlanner(rp, run_id, world, cfg.reporters)
+                planner = None if arm == "dapo" else ClientPlanner(rp, run_id, world, cfg.reporters, **plan_kw)
                 return _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id)
-        planner = PluginPlanner(url, run_id, world, settings, prompts, cfg.reporters, Path(tmp) / "spool")
+        planner = PluginPlanner(url, run_id, world, settings, prompts, cfg.reporters, Path(tmp) / "spool", **plan_kw)
         try:
             row = _loop(cfg, arm, seed, model, opt, world, gen, device, planner, None, run_id)
         except BaseException:
@@ -576,7 +679,10 @@ def run_arm(job: dict) -> dict:
         planner.close()
         row["data_quality"] = data_quality_row(url, run_id, world, model)
         if job.get("keep_groups"):
-            _keep_groups(Path(tmp) / "rollplan.db", Path(job["keep_groups"]) / f"groups-{arm}-{seed}.npz", world, model)
+            name = re.sub(r"[^A-Za-z0-9._+=&-]", "_", arm)
+            _keep_groups(
+                Path(tmp) / "rollplan.db", Path(job["keep_groups"]) / f"groups-{name}-{seed}.npz", world, model
+            )
         return row
 
 
@@ -713,6 +819,23 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     B, n0 = cfg.batch, cfg.rollouts
     budget = B * n0
     used = informative = 0
+    # Tokens: every generated completion's length (DAPO: every draw), those in zero-signal
+    # groups (every reward equal) and the truncated completions.
+    tokens_used = zero_tokens = truncated = completions = hinted = 0
+    token_curve = []  # (step, cumulative tokens, held-out accuracy) beside ``curve``
+    token_budget = planner.token_budget if planner is not None else None
+    if arm_mode(arm)[1] == "tokens" and planner is None:
+        raise ValueError(f"arm {arm!r}: only the service's strategies plan in tokens")
+
+    def limits(idx: np.ndarray, hints: list | None) -> np.ndarray | None:
+        """Each item's generation limit: its plan hint where it has one, else the trainer's."""
+        if cfg.max_new_tokens is None:
+            return None
+        cap = np.full(idx.size, cfg.max_new_tokens, np.int64)
+        if hints is not None:
+            cap = np.array([c if h is None else h for c, h in zip(cap, hints)], np.int64)
+        return cap
+
     plan_step = 0
     curve, eff_per_step, digests = [], [], []
     t0 = time.perf_counter()
@@ -739,6 +862,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         if step % cfg.eval_every == 0:
             model.eval()
             curve.append((step, used, float(model.pass_rate(world.heldout.prompt, world.heldout.label).mean())))
+            token_curve.append((step, tokens_used, curve[-1][2]))
         step_used = step_inf = 0
         step_digest = []
         if arm in ORACLE_ARMS:
@@ -762,13 +886,14 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
             score = 1 - p**n0 - (1 - p) ** n0
             idx = cand[np.argsort(-score, kind="stable")[:B]]
             counts = np.full(B, n0)
-            answers, rewards, group = rollout(model, world, idx, counts, gen, device)
-            k = np.bincount(group.cpu().numpy(), weights=rewards.cpu().numpy(), minlength=idx.size)
+            ro = rollout(model, world, idx, counts, gen, device, limits(idx, None))
+            k = np.bincount(ro.group.cpu().numpy(), weights=ro.rewards.cpu().numpy(), minlength=idx.size)
             calib.add(idx, counts, k, level)
+            spent = [(ro, k, counts)]
             step_digest.append(plan_digest(world.ids, idx, counts))
         elif arm == "dapo":
             # Synchronous: each draw's rewards decide whether to plan another draw.
-            parts = []
+            parts, spent = [], []
             got = 0
             for _draw in range(cfg.dapo_max_draws):
                 ts = time.perf_counter()
@@ -777,27 +902,22 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
                 idx = np.array([world.index[it.prompt_id] for it in plan.items])
                 counts = np.array([it.rollouts for it in plan.items])
                 pred = np.array([it.predicted_pass_rate for it in plan.items], np.float64)
-                answers, rewards, group = rollout(model, world, idx, counts, gen, device)
-                r = rewards.cpu().numpy()
-                g = group.cpu().numpy()
+                ro = rollout(model, world, idx, counts, gen, device, limits(idx, None))
                 ts = time.perf_counter()
                 rp.report(
-                    run_id,
-                    f"{run_id}-p{plan_step}",
-                    plan_step,
-                    [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)],
-                    plan_id=plan.plan_id,
+                    run_id, f"{run_id}-p{plan_step}", plan_step, report_groups(world, idx, ro), plan_id=plan.plan_id
                 )
                 service_s += time.perf_counter() - ts
                 plan_step += 1
-                k = np.bincount(g, weights=r, minlength=idx.size)
+                k = np.bincount(ro.group.cpu().numpy(), weights=ro.rewards.cpu().numpy(), minlength=idx.size)
+                spent.append((ro, k, counts))
                 calib.add(idx, counts, k, level, pred)
                 step_digest.append(plan_digest(world.ids, idx, counts))
                 inf = (k > 0) & (k < counts)
                 step_used += int(counts.sum())
                 step_inf += int(counts[inf].sum())
                 keep = np.flatnonzero(inf)[: B - got]
-                parts.append((idx[keep], counts[keep], answers, rewards, group, keep))
+                parts.append((idx[keep], counts[keep], ro.answers, ro.rewards, ro.group, keep))
                 got += keep.size
                 if got >= B:
                     break
@@ -811,13 +931,23 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
                 planner.prefetch(step + 1, B, budget)  # fetched in the background while this step trains
             service_s += time.perf_counter() - ts
             idx, counts = cur.idx, cur.counts
-            answers, rewards, group = rollout(model, world, idx, counts, gen, device)
-            k = np.bincount(group.cpu().numpy(), weights=rewards.cpu().numpy(), minlength=idx.size)
+            ro = rollout(model, world, idx, counts, gen, device, limits(idx, cur.hints))
+            hinted += sum(h is not None for h in cur.hints or ()) if cfg.max_new_tokens is not None else 0
+            k = np.bincount(ro.group.cpu().numpy(), weights=ro.rewards.cpu().numpy(), minlength=idx.size)
             calib.add(idx, counts, k, level, cur.predicted)
+            spent = [(ro, k, counts)]
             step_digest.append(plan_digest(world.ids, idx, counts))
         if arm != "dapo":
+            answers, rewards, group = ro.answers, ro.rewards, ro.group
             inf = (k > 0) & (k < counts)
             step_used, step_inf = int(counts.sum()), int(counts[inf].sum())
+        for part, kk, cnt in spent:  # every generated completion's tokens (DAPO: every draw)
+            tok = part.tokens.double().cpu().numpy()
+            per_group = np.bincount(part.group.cpu().numpy(), weights=tok, minlength=cnt.size)
+            tokens_used += int(tok.sum())
+            zero_tokens += int(per_group[(kk == 0) | (kk == cnt)].sum())
+            truncated += int(part.truncated.sum())
+            completions += int(cnt.sum())
         used += step_used
         informative += step_inf
         digests.append(step_digest[0] if len(step_digest) == 1 else ",".join(step_digest))
@@ -836,9 +966,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         if idx.size:
             grpo_update(model, opt, world, idx, answers, rewards, group, idx.size)
         if planner is not None:
-            r = rewards.cpu().numpy()
-            g = group.cpu().numpy()
-            groups = [(world.ids[i], r[g == j].tolist()) for j, i in enumerate(idx)]
+            groups = report_groups(world, idx, ro)
             ts = time.perf_counter()
             # The plan of step + 1 (prefetched) is back before this step's report goes out.
             nxt = planner.plan(step + 1, B, budget) if cfg.prefetch and step + 1 < cfg.steps else None
@@ -852,6 +980,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     model.eval()
     acc = model.pass_rate(world.heldout.prompt, world.heldout.label)
     curve.append((cfg.steps, used, float(acc.mean())))
+    token_curve.append((cfg.steps, tokens_used, curve[-1][2]))
     by_level = {int(lv): float(acc[world.heldout.level == lv].mean()) for lv in np.unique(world.heldout.level)}
     bins = true_p_bins.sum(axis=0)
     n_bins = max(int(bins.sum()), 1)
@@ -860,6 +989,12 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "arm": arm,
         "seed": seed,
         "rollouts": used,
+        "tokens": tokens_used,
+        "token_budget": token_budget,
+        "zero_signal_token_share": zero_tokens / max(tokens_used, 1),
+        "truncated_share": truncated / max(completions, 1),
+        "hinted_items": hinted,  # plan items whose max_new_tokens hint was applied
+        "token_curve": token_curve,
         "effective_ratio": informative / max(used, 1),
         "initial_accuracy": curve[0][2],
         "final_accuracy": curve[-1][2],
@@ -979,6 +1114,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="send prompts with their text only, no domain (the level is then only in the text)",
     )
     ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="the trainer's generation limit in tokens: a longer answer is cut and scores 0; sent with "
+        "each plan, and the items' max_new_tokens hints are applied (default: none)",
+    )
+    ap.add_argument(
         "--target",
         default="auto",
         help="held-out exact accuracy to reach, or 'auto': 75%% of the "
@@ -1006,7 +1148,18 @@ def main(argv: list[str] | None = None) -> dict:
         args.arms = args.arms or "uniform,default,oracle"
     over = {
         k: getattr(args, k)
-        for k in ("steps", "prompts", "batch", "rollouts", "broken", "reporters", "sync", "prefetch", "send_domains")
+        for k in (
+            "steps",
+            "prompts",
+            "batch",
+            "rollouts",
+            "broken",
+            "reporters",
+            "sync",
+            "prefetch",
+            "send_domains",
+            "max_new_tokens",
+        )
         if getattr(args, k) is not None
     }
     cfg = replace(cfg, **over)
@@ -1014,6 +1167,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--reporters must be between 1 and the batch size ({cfg.batch})")
     if not 0.0 <= cfg.broken < 1.0:
         ap.error("--broken must be in [0, 1)")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 2:
+        ap.error("--max-new-tokens must be at least 2 (one digit and the end of the answer)")
     arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", *ORACLE_ARMS]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1075,6 +1230,7 @@ def main(argv: list[str] | None = None) -> dict:
     target = _target(args.target, rows)
     for r in rows:
         r["rollouts_to_target"] = sim.rollouts_to_target(r["curve"], target)
+        r["tokens_to_target"] = sim.rollouts_to_target(r["token_curve"], target)
     sim.budget_metrics(rows)
     summary = sim.summarise(rows, arms)
     args.target, args.prompts, args.steps, args.batch = target, cfg.prompts, cfg.steps, cfg.batch
@@ -1089,6 +1245,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"device {args.device})",
     )
     sim.print_budget_table(summary, title="learner")
+    summary_tokens = token_summary(rows, arms)
+    print_token_table(summary_tokens)
     result = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -1103,6 +1261,7 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup": [warm[s] for s in seeds],
         "wall_s": time.perf_counter() - t_all,
         "summary": summary,
+        "summary_tokens": summary_tokens,
         "runs": rows,
     }
     (out / "learner.json").write_text(json.dumps(result, indent=1))
@@ -1110,6 +1269,59 @@ def main(argv: list[str] | None = None) -> dict:
     _plot_effective(rows, arms, out / "learner_effective.png")
     print(f"wrote {out / 'learner.json'} ({result['wall_s']:.0f} s)")
     return result
+
+
+def _mean_of(rows: list[dict], key: str) -> float | None:
+    got = [r[key] for r in rows if r[key] is not None]
+    return float(np.mean(got)) if got else None
+
+
+def token_summary(rows: list[dict], arms: list[str]) -> list[dict]:
+    """Per arm: tokens and rollouts to the target (mean over the seeds that reached it), the
+    paired ratios to the same strategy planned in rollouts (``ARM/tokens`` against ``ARM``;
+    a seed that misses counts as needing all it used, a lower bound), the share of tokens in
+    zero-signal groups and of truncated completions."""
+    by = {(r["arm"], r["seed"]): r for r in rows}
+    out = []
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        base = arm_mode(arm)[0]
+        ratios: dict[str, list[float]] = {"tokens": [], "rollouts": []}
+        for r in mine:
+            ref = by.get((base, r["seed"])) if base != arm else None
+            for key, total in (("tokens", "tokens"), ("rollouts", "rollouts")):
+                if ref is not None and ref[f"{key}_to_target"]:
+                    ratios[key].append((r[f"{key}_to_target"] or r[total]) / ref[f"{key}_to_target"])
+
+        out.append(
+            {
+                "arm": arm,
+                "reached": f"{sum(r['tokens_to_target'] is not None for r in mine)}/{len(mine)}",
+                "tokens_to_target_mean": _mean_of(mine, "tokens_to_target"),
+                "rollouts_to_target_mean": _mean_of(mine, "rollouts_to_target"),
+                "tokens_vs_rollout_plan": float(np.mean(ratios["tokens"])) if ratios["tokens"] else None,
+                "rollouts_vs_rollout_plan": float(np.mean(ratios["rollouts"])) if ratios["rollouts"] else None,
+                "tokens": _mean_of(mine, "tokens"),
+                "zero_signal_token_share": _mean_of(mine, "zero_signal_token_share"),
+                "truncated_share": _mean_of(mine, "truncated_share"),
+            }
+        )
+    return out
+
+
+def print_token_table(summary: list[dict]) -> None:
+    f = lambda x, d=3: "–" if x is None else f"{x:,.{d}f}"  # noqa: E731
+    print(
+        "\n| arm | reached | tokens to target | rollouts to target | × tokens | × rollouts | tokens | "
+        "zero-signal token share | truncated |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s in summary:
+        print(
+            f"| {s['arm']} | {s['reached']} | {f(s['tokens_to_target_mean'], 0)} | {f(s['rollouts_to_target_mean'], 0)} "
+            f"| {f(s['tokens_vs_rollout_plan'])} | {f(s['rollouts_vs_rollout_plan'])} | {f(s['tokens'], 0)} "
+            f"| {f(s['zero_signal_token_share'])} | {f(s['truncated_share'])} |"
+        )
 
 
 def _target(spec: str, rows: list[dict]) -> float:

@@ -124,18 +124,22 @@ def decide(state: RunState, pool: PoolState, req: strat.PlanRequest, body: schem
     pred: np.ndarray = decision.predicted_pass_rate
     if body.token_budget is None and not pool.cost.active and body.max_new_tokens is None:
         return ords, rolls, pred, None
+    per_prompt = req.rollout_budget / req.batch_size  # the run's rollouts per prompt in a token plan
+    unknown = cost.unknown_tokens(body.token_budget, body.batch_size, per_prompt, body.max_new_tokens)
     if body.token_budget is not None:
         lo, hi = req.min_rollouts, req.max_rollouts
-        keep, alloc = cost.token_plan(pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget)
+        keep, alloc = cost.token_plan(
+            pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget, unknown
+        )
         if keep.size == 0:
-            cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords)["tokens"].min())
+            cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords, unknown)["tokens"].min())
             why = (
                 f"token_budget {body.token_budget} is below the expected cost of a first group "
                 f"(max(min_rollouts, 2) rollouts) of the cheapest candidate ({cheapest:.0f} tokens)"
             )
             raise Invalid(f"token_budget: {why}", errors=[{"loc": "body.token_budget", "msg": why}])
         ords, rolls, pred = ords[keep], alloc, pred[keep]
-    return ords, rolls, pred, cost.item_costs(pool, ords, rolls, body.max_new_tokens)
+    return ords, rolls, pred, cost.item_costs(pool, ords, rolls, body.max_new_tokens, unknown)
 
 
 def check_allocation_size(settings: Settings, batch_size: int, lo: int, hi: int, loc: str) -> None:

@@ -130,6 +130,24 @@ def test_learner_plugin_path_gives_the_synchronous_curriculum(learner_out):
     assert {s["arm"] for s in res["summary"]} == {"default", "first_sight_oracle"}
 
 
+    # Tokens: every arm reports its completions' lengths; ``ARM/tokens`` plans in the equivalent
+    # token budget; a generation limit truncates, and the plans' hints are applied.
+    res = learner.main(base + ["--arms", "default,default/tokens,uniform", "--max-new-tokens", "4"])
+    rows = {r["arm"]: r for r in res["runs"]}
+    assert rows["default"]["token_budget"] is None and rows["default/tokens"]["token_budget"] > 0
+    for r in rows.values():
+        steps_, tokens, _acc = zip(*r["token_curve"])
+        assert list(tokens) == sorted(tokens) and tokens[-1] == r["tokens"] > 0
+        assert 0.0 < r["truncated_share"] < 1.0 and 0.0 <= r["zero_signal_token_share"] <= 1.0
+        assert r["tokens"] <= r["rollouts"] * 8  # none longer than the limit, or a hint (twice the limit)
+    assert rows["default"]["hinted_items"] > 0  # often-truncated items came with a hint, applied
+    # Each step's plan kept to its token budget, give or take the draws of the lengths (2× the expectation).
+    assert rows["default/tokens"]["tokens"] <= 2 * steps * rows["default/tokens"]["token_budget"]
+    tok = {s["arm"]: s for s in res["summary_tokens"]}
+    assert set(tok) == {"default", "default/tokens", "uniform"}
+    assert tok["default"]["tokens_vs_rollout_plan"] is None  # planned in rollouts: it is the reference
+
+
 def test_learner_calibration_references():
     """Brier scores: the plan's predictions and, before each group is observed, the
     prompt's Beta(1, 1) posterior mean and its level's running mean reward."""
@@ -223,11 +241,47 @@ def test_teacher_forced_pass_rate_matches_sampling():
     exact = model.pass_rate(world.pool.prompt[:4], world.pool.label[:4])
     gen = torch.Generator().manual_seed(1)
     n = 20_000
-    _, rewards, group = learner.rollout(model, world, idx, np.full(4, n), gen, "cpu")
-    freq = np.bincount(group.numpy(), weights=rewards.numpy(), minlength=4) / n
+    ro = learner.rollout(model, world, idx, np.full(4, n), gen, "cpu")
+    freq = np.bincount(ro.group.numpy(), weights=ro.rewards.numpy(), minlength=4) / n
     assert exact.max() > 0.01, exact  # not a vacuous comparison
     tol = 4 * np.sqrt(exact * (1 - exact) / n) + 1e-3
     assert np.all(np.abs(freq - exact) <= tol), (freq, exact)
+
+
+def test_learner_completion_tokens_and_truncation():
+    """An answer's tokens: its digits up to the most significant non-zero one, and the end
+    token; a limit cuts longer answers (tokens = the limit, reward 0, flagged), per item."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from rollplan.benchmarks import learner
+
+    answers = torch.tensor([[0, 0, 0, 0], [3, 0, 0, 0], [3, 0, 2, 0], [1, 1, 1, 1]])  # least significant first
+    assert learner.completion_tokens(answers).tolist() == [2, 2, 4, 5]
+
+    cfg = learner.LearnerConfig(width=3, d_model=32, heads=2, prompts=8, heldout=8)
+    torch.manual_seed(0)
+    model = learner.Policy(cfg).eval()
+    world = learner.World(cfg, 0, "cpu")
+    idx, counts = np.arange(3), np.array([50, 50, 50])
+    free = learner.rollout(model, world, idx, counts, torch.Generator().manual_seed(3), "cpu")
+    assert not free.truncated.any() and free.tokens.min() >= 2 and free.tokens.max() <= cfg.width + 2
+    cut = learner.rollout(model, world, idx, counts, torch.Generator().manual_seed(3), "cpu", [3, 5, 3])
+    assert torch.equal(cut.answers, free.answers)  # the same samples, cut afterwards
+    cap = torch.tensor([3, 5, 3])[cut.group]
+    assert torch.equal(cut.truncated, free.tokens > cap)
+    assert torch.equal(cut.tokens, torch.minimum(free.tokens, cap))
+    assert not cut.rewards[cut.truncated].any() and cut.truncated.any()
+    assert torch.equal(cut.rewards[~cut.truncated], free.rewards[~cut.truncated])
+
+    groups = learner.report_groups(world, idx, cut)
+    assert [g[0] for g in groups] == [world.ids[i] for i in idx]
+    for j, (_, rewards, tokens, flags) in enumerate(groups):
+        rows = (cut.group == j).numpy()
+        assert rewards == cut.rewards.numpy()[rows].tolist() and tokens == cut.tokens.numpy()[rows].tolist()
+        assert flags == cut.truncated.numpy()[rows].tolist() and len(rewards) == counts[j]
+    assert learner.arm_mode("default+latent_hazard=0.002/tokens") == ("default+latent_hazard=0.002", "tokens")
+    assert learner.arm_mode("default") == ("default", "rollouts")
 
 
 def test_no_torch_in_the_service():

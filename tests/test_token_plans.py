@@ -185,9 +185,20 @@ def test_a_run_without_costs_plans_as_before(client):
     plan = _ok(client.post("/v1/runs/plain/plans", json={"batch_size": 4, "step": 0}), 201)
     assert set(plan) == {"plan_id", "step", "strategy", "batch_size", "rollout_budget", "items"}
     assert all(set(it) == {"prompt_id", "rollouts", "predicted_pass_rate"} for it in plan["items"])
-    # A token plan without any length history: every prompt at the default length.
-    tok = _ok(client.post("/v1/runs/plain/plans", json={"batch_size": 4, "step": 1, "token_budget": 8192}), 201)
-    assert sum(it["expected_tokens"] for it in tok["items"]) <= 8192 and len(tok["items"]) <= 4
+    # A token plan without any length history: every prompt at the length the budget implies for
+    # a full batch at the run's rollouts per prompt (the user sized it so), whatever its size.
+    for step, budget in ((1, 8192), (2, 80)):
+        body = {"batch_size": 4, "step": step, "token_budget": budget}
+        tok = _ok(client.post("/v1/runs/plain/plans", json=body), 201)
+        assert len(tok["items"]) == 4 and sum(it["rollouts"] for it in tok["items"]) == 16
+        assert sum(it["expected_tokens"] for it in tok["items"]) == pytest.approx(budget)
+    # ... never longer than the trainer's generation limit; a rollout plan's items too.
+    body = {"batch_size": 4, "step": 3, "token_budget": 8192, "max_new_tokens": 64}
+    tok = _ok(client.post("/v1/runs/plain/plans", json=body), 201)
+    assert all(it["expected_tokens"] <= 64 * it["rollouts"] for it in tok["items"])
+    assert sum(it["rollouts"] for it in tok["items"]) > 16  # the budget buys more of shorter completions
+    roll = _ok(client.post("/v1/runs/plain/plans", json={"batch_size": 4, "step": 4, "max_new_tokens": 64}), 201)
+    assert [it["expected_tokens"] for it in roll["items"]] == [64 * it["rollouts"] for it in roll["items"]]
 
 
 @pytest.mark.parametrize("body, field", [

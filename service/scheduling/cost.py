@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 COST_FIELDS = ("tok_n", "tok_sum", "tok_sq", "trunc_n", "trunc_k", "pass_nt")
 _TN, _TS, _TQ, _RN, _RK, _PN = range(6)
 N_COST = len(COST_FIELDS)
-DEFAULT_TOKENS = 512.0  # the expected length where nothing at all has been reported
+DEFAULT_TOKENS = 512.0  # the expected length where nothing at all has been reported (see ``unknown_tokens``)
 
 
 def group_cost(
@@ -146,15 +146,17 @@ class CostStats:
             return np.zeros((n, N_COST))
         return self._m[:size][idx].astype(np.float64)
 
-    def domain_means(self, size: int, domain: np.ndarray, n_domains: int) -> tuple[np.ndarray, np.ndarray]:
+    def domain_means(
+        self, size: int, domain: np.ndarray, n_domains: int, default_tokens: float = DEFAULT_TOKENS
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(expected tokens, truncation rate) per domain code: the pooled discounted means of
-        the domain's prompts, the pool's where the domain has no evidence (``DEFAULT_TOKENS``
+        the domain's prompts, the pool's where the domain has no evidence (``default_tokens``
         and 0 where the pool has none). One pass over the pool."""
         m = self._moments(size, slice(None))
         d = np.asarray(domain[:size], np.int64)
         sums = np.stack([np.bincount(d, weights=m[:, j], minlength=n_domains) for j in range(N_COST)], axis=1)
         tot = m.sum(axis=0)
-        pool_tok = tot[_TS] / tot[_TN] if tot[_TN] > 1e-9 else DEFAULT_TOKENS
+        pool_tok = tot[_TS] / tot[_TN] if tot[_TN] > 1e-9 else default_tokens
         pool_tr = tot[_RK] / tot[_RN] if tot[_RN] > 1e-9 else 0.0
         with np.errstate(invalid="ignore", divide="ignore"):
             tok = np.where(sums[:, _TN] > 1e-9, sums[:, _TS] / sums[:, _TN], pool_tok)
@@ -162,14 +164,20 @@ class CostStats:
         return tok, tr
 
     def estimates(
-        self, size: int, idx: np.ndarray | slice, domain: np.ndarray, n_domains: int
+        self,
+        size: int,
+        idx: np.ndarray | slice,
+        domain: np.ndarray,
+        n_domains: int,
+        default_tokens: float = DEFAULT_TOKENS,
     ) -> dict[str, np.ndarray]:
         """Per prompt at ``idx``: ``tokens`` (expected completion length), ``tokens_se`` (its
         standard error), ``tokens_seen`` (discounted rollouts with a length),
         ``truncation`` (posterior mean rate), ``truncation_sd``, ``truncation_seen`` and
-        ``untruncated_pass_rate`` (posterior mean from Beta(1, 1))."""
+        ``untruncated_pass_rate`` (posterior mean from Beta(1, 1)). ``default_tokens``: the
+        length where the run has no length evidence at all."""
         m = self._moments(size, idx)
-        d_tok, d_tr = self.domain_means(size, domain, n_domains)
+        d_tok, d_tr = self.domain_means(size, domain, n_domains, default_tokens)
         d = np.asarray(domain[:size][idx], np.int64)
         n, s, q = m[:, _TN], m[:, _TS], m[:, _TQ]
         k0 = self.prior_rollouts
@@ -207,6 +215,15 @@ HINT_PASS = 0.5
 MAX_HINT = 1 << 20  # the bound on a completion's length in a report
 
 
+def unknown_tokens(token_budget: float | None, batch_size: int, rollouts_per_prompt: float, limit: int | None) -> float:
+    """The expected completion length where a run has no length evidence at all: the length
+    a token budget implies for a full batch at the run's rollouts per prompt (the user sized
+    the budget for the batch), else ``DEFAULT_TOKENS``; never above the trainer's generation
+    limit ``limit`` (a completion cannot be longer)."""
+    guess = DEFAULT_TOKENS if token_budget is None else token_budget / (batch_size * rollouts_per_prompt)
+    return float(guess if limit is None else min(guess, limit))
+
+
 def token_plan(
     pool: PoolState,
     candidates: np.ndarray,
@@ -216,32 +233,38 @@ def token_plan(
     lo: int,
     hi: int,
     rollout_cap: int | None = None,
+    default_tokens: float = DEFAULT_TOKENS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A plan in tokens from a strategy's ranked ``candidates`` and their predicted pass
     rates: (positions kept, in the strategy's order; their rollouts), by
     ``allocation.token_knapsack``: the expected GRPO signal of a group at the predicted pass
     rate (``allocation.group_signal``) per expected completion token (the candidate's own
     discounted mean of its reported tokens, a truncated completion counted at the limit it
-    was cut at, shrunk to its domain's, the pool's without any). A truncated completion
+    was cut at, shrunk to its domain's, the pool's without any, ``default_tokens`` before any
+    length was reported: ``unknown_tokens``). A truncated completion
     scores 0, so the predicted pass rate, learnt from the rewards, already counts it as a
     fail; a prompt often truncated is worth less signal per token as its pass rate falls."""
     from .allocation import token_knapsack
 
-    per = pool.cost_estimates(candidates)["tokens"]
+    per = pool.cost_estimates(candidates, default_tokens)["tokens"]
     r = token_knapsack(predicted, per, token_budget, max_prompts, lo, hi, rollout_cap)
     keep = np.flatnonzero(r > 0)
     return keep, r[keep]
 
 
 def item_costs(
-    pool: PoolState, ordinals: np.ndarray, rollouts: np.ndarray, max_new_tokens: int | None
+    pool: PoolState,
+    ordinals: np.ndarray,
+    rollouts: np.ndarray,
+    max_new_tokens: int | None,
+    default_tokens: float = DEFAULT_TOKENS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The plan items' (expected tokens = rollouts × expected completion tokens, the
     ``max_new_tokens`` hint (0: none), raise_may_pass). A hint, with the trainer's limit
     given and some cost evidence in the run: twice the limit where the truncation rate is
     ≥ ``HINT_TRUNCATION``; flagged where the untruncated completions pass ≥ ``HINT_PASS``
     of the time (the truncated ones were probably cut on their way to a pass)."""
-    est = pool.cost_estimates(ordinals)
+    est = pool.cost_estimates(ordinals, default_tokens)
     tok = np.asarray(rollouts, np.float64) * est["tokens"]
     hint = np.zeros(ordinals.size, np.int64)
     flag = np.zeros(ordinals.size, bool)

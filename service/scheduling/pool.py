@@ -364,10 +364,15 @@ class PoolState:
         self._diff_max[o] = np.maximum(d2, top)
         self._last_mean[o] = y
 
-    def cost_estimates(self, idx: np.ndarray | slice = slice(None)) -> dict[str, np.ndarray]:
+    def cost_estimates(
+        self, idx: np.ndarray | slice = slice(None), default_tokens: float | None = None
+    ) -> dict[str, np.ndarray]:
         """Expected completion tokens and truncation rate of the prompts at ``idx``, with their
-        uncertainty (``CostStats.estimates``)."""
-        return self.cost.estimates(self.size, idx, self.domain, self.n_domains)
+        uncertainty (``CostStats.estimates``; ``default_tokens`` where nothing was reported)."""
+        from .cost import DEFAULT_TOKENS
+
+        default = DEFAULT_TOKENS if default_tokens is None else default_tokens
+        return self.cost.estimates(self.size, idx, self.domain, self.n_domains, default)
 
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:
