@@ -141,7 +141,7 @@ def run_cost_arm(arm: str, sim: SimConfig, ccfg: CostConfig, token_budget: float
             req = strat.PlanRequest(2 * B, 2 * B * n0, lo, hi, step)  # the planner's 2 × batch candidates
             d = strategy.plan(pool, req, rng_plan)
             keep, n = cost_mod.token_plan(
-                pool, d.ordinals, d.predicted_pass_rate, token_budget, B, lo, hi, None, unknown
+                pool, d.ordinals, d.predicted_pass_rate, token_budget, B, lo, hi, None, unknown, d.rollouts
             )
             idx = d.ordinals[keep]
         else:

@@ -786,19 +786,7 @@ def outcome_only_bound(
     bins flagged from the richest in wrong labels down): an upper bound for outcome-only
     findings where correct prompts never pass either. ``never``: the never-passed prompts
     considered; recall over ``wrong`` wrong labels (those of the same levels)."""
-    key = level * 10 + np.minimum(groups, 6)
-    bins = sorted(
-        ((float(broken[never & (key == k)].mean()), int((never & (key == k)).sum()), int((never & broken & (key == k)).sum()))
-         for k in np.unique(key[never])),
-        reverse=True,
-    )  # fmt: skip
-    hit = flagged = 0
-    best: dict = {"precision": None, "recall": 0.0, "found": 0}
-    for _, cnt, h in bins:
-        hit, flagged = hit + h, flagged + cnt
-        if hit / flagged >= bar:
-            best = {"precision": hit / flagged, "recall": hit / max(wrong, 1), "found": hit}
-    return {**best, "never_passed_wrong_labels": int((never & broken).sum())}
+    return sim.binned_bound(never, broken, level * 10 + np.minimum(groups, 6), bar, wrong)
 
 
 def _final_pass_rate(world: World, model) -> np.ndarray:

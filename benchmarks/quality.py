@@ -32,7 +32,7 @@ import numpy as np
 
 from ..service import quality
 from ..service.scheduling import strategies as strat
-from .sim import _observations
+from .sim import _observations, binned_bound
 
 DEFAULT_CONFIDENCE = quality.DEFAULT_MIN_CONFIDENCE
 LEVELS = np.array([-0.2, 0.2, 0.62, 1.1])
@@ -132,7 +132,7 @@ def run(
         ("never", seen & (pool.reward_sum <= 0), 0.9),
         ("always", seen & (pool.reward_sum >= pool.rollouts), 0.8),
     ):
-        row[planted]["bound"] = _bound(mask, world.kind == planted, world.domain * 10 + np.minimum(pool.groups, 6), bar)
+        row[planted]["bound"] = binned_bound(mask, world.kind == planted, world.domain * 10 + np.minimum(pool.groups, 6), bar)
     anything = np.zeros(prompts, bool)
     anything[f.ordinals] = True
     noisy = np.zeros(prompts, bool)
@@ -149,23 +149,6 @@ def run(
     }
     row["too_hard_found"] = int((kinds == "too_hard").sum())
     return row
-
-
-def _bound(mask: np.ndarray, truth: np.ndarray, key: np.ndarray, bar: float) -> dict:
-    """Flag ``mask``'s bins of ``key`` from the richest in ``truth`` down: the recall (over
-    ``truth``) of the most flagged at precision ≥ ``bar``."""
-    bins = sorted(
-        ((float(truth[mask & (key == k)].mean()), int((mask & (key == k)).sum()), int((truth & mask & (key == k)).sum()))
-         for k in np.unique(key[mask])),
-        reverse=True,
-    )  # fmt: skip
-    hit = flagged = 0
-    best: dict = {"precision": bar, "recall": 0.0}
-    for _, cnt, h in bins:
-        hit, flagged = hit + h, flagged + cnt
-        if hit / flagged >= bar:
-            best = {"precision": hit / flagged, "recall": hit / max(int(truth.sum()), 1)}
-    return best
 
 
 def _mean(rows: list[dict], *path: str) -> float | None:

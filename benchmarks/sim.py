@@ -461,6 +461,26 @@ def rollouts_to_target(curve: list, target: float) -> int | None:
     return None
 
 
+def binned_bound(mask: np.ndarray, truth: np.ndarray, key: np.ndarray, bar: float, total: int | None = None) -> dict:
+    """What a rule that sees only ``key`` can find: ``mask``'s bins of ``key`` flagged from the
+    richest in ``truth`` down (knowing each bin's truth), the most flagged at precision ≥ ``bar``:
+    its precision (None: no bin reaches it), recall over ``total`` (default: ``truth``'s count)
+    and hits. An upper bound for any finding made from ``key`` alone."""
+    bins = sorted(
+        ((float(truth[mask & (key == k)].mean()), int((mask & (key == k)).sum()), int((truth & mask & (key == k)).sum()))
+         for k in np.unique(key[mask])),
+        reverse=True,
+    )  # fmt: skip
+    total = int(truth.sum()) if total is None else total
+    hit = flagged = 0
+    best: dict = {"precision": None, "recall": 0.0, "found": 0}
+    for _, cnt, h in bins:
+        hit, flagged = hit + h, flagged + cnt
+        if hit / flagged >= bar:
+            best = {"precision": hit / flagged, "recall": hit / max(total, 1), "found": hit}
+    return best
+
+
 def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
     """One arm on one seed's world. Arms: a strategy (``name+param=value&…``), ``dapo``,
     ``oracle`` (the B most informative of a 16×B candidate pool under the exact pass

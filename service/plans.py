@@ -128,8 +128,9 @@ def decide(state: RunState, pool: PoolState, req: strat.PlanRequest, body: schem
     unknown = cost.unknown_tokens(body.token_budget, body.batch_size, per_prompt, body.max_new_tokens)
     if body.token_budget is not None:
         lo, hi = req.min_rollouts, req.max_rollouts
+        # No candidate gets more rollouts than the strategy's own split gives it.
         keep, alloc = cost.token_plan(
-            pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget, unknown
+            pool, ords, pred, body.token_budget, body.batch_size, lo, hi, body.rollout_budget, unknown, rolls
         )
         if keep.size == 0:
             cheapest = float(min(max(lo, 2), hi) * pool.cost_estimates(ords, unknown)["tokens"].min())

@@ -503,13 +503,14 @@ def _generate_limits(trainer) -> list[tuple[int, int]]:
 
 def test_token_budget_plans_are_honoured(server_factory, tmp_path):
     """``rollplan_token_budget``: every plan request carries the budget (the stored plans
-    are token plans); a plan of fewer prompts than the generation batch (step 0: nothing
-    reported yet, 512 expected tokens a completion, so one prompt x 2 fits 1,100) fills
-    the free slots with pad prompts that are not generated (a bare EOS), not rewarded and
-    not reported: the trained and reported prompts are exactly the plan's."""
+    are token plans); a plan of fewer prompts than the generation batch (once lengths are
+    reported: the tiny model's completions run to the 6-token limit, so one prompt x 2 fits
+    16 tokens, not two; step 0 assumes the budget's own length, 16 / (2 x 2), and plans a full
+    batch) fills the free slots with pad prompts that are not generated (a bare EOS), not
+    rewarded and not reported: the trained and reported prompts are exactly the plan's."""
     srv = server_factory().start()
     rec = Recorder()
-    run, budget, steps = "trl-tokens", 1_100, 4
+    run, budget, steps = "trl-tokens", 16, 4
     trainer = _trainer(tmp_path, srv.url, rec, max_steps=steps, run_id=run, rollplan_token_budget=budget)
     generated = _count_generated(trainer)
     trainer.train()
@@ -532,7 +533,7 @@ def test_token_budget_plans_are_honoured(server_factory, tmp_path):
                 assert all(h["step"] != step for h in rp.get_prompt(run, pid)["history"])
             for pid in planned:
                 assert [h["step"] for h in rp.get_prompt(run, pid)["history"]].count(step) == 1
-        assert padded >= 1  # step 0 at least
+        assert padded >= 1  # a step after lengths were reported
         assert rp.get_run(run).stats["rollouts"] == planned_rows
     assert sum(generated) == planned_rows
     trainer.rollplan.close()

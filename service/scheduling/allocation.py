@@ -314,19 +314,22 @@ def token_knapsack(
     lo: int,
     hi: int,
     rollout_cap: int | None = None,
+    caps: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rollouts per candidate (0: left out) maximising the expected GRPO signal of the plan,
     Σ S(rᵢ) (``group_signal``: the expected sum of |advantage| of a group of rᵢ at pass rate
     pᵢ), subject to the expected cost Σ rᵢ·tokensᵢ ≤ ``token_budget``, at most
     ``max_prompts`` candidates with rᵢ > 0, each rᵢ ∈ {0} ∪ [max(lo, 2), hi] (a group of one
-    has no advantage), and Σ rᵢ ≤ ``rollout_cap`` when given.
+    has no advantage), rᵢ ≤ ``caps[i]`` when given (at least the smallest group), and
+    Σ rᵢ ≤ ``rollout_cap`` when given.
 
     S(r)/r never falls as r grows (``group_signal``), so the upper concave envelope of
-    {(0, 0)} ∪ {(r, S(r)): lo ≤ r ≤ hi} is the chord from (0, 0) to (hi, S(hi)): in the
-    knapsack's relaxation every rollout of candidate i is worth sᵢ = S(hi)/hi, sᵢ/tokensᵢ
+    {(0, 0)} ∪ {(r, S(r)): lo ≤ r ≤ hᵢ} is the chord from (0, 0) to (hᵢ, S(hᵢ)), hᵢ the
+    candidate's largest group (``hi``, or its cap): in the knapsack's relaxation every
+    rollout of candidate i is worth sᵢ = S(hᵢ)/hᵢ, sᵢ/tokensᵢ
     per token. The greedy of the fractional knapsack on that envelope, one sort of
-    B·(hi − b + 1) items (a candidate's first group of b rollouts, then each further
-    rollout, all at its ratio): candidates by signal per token, each filled to hi; among
+    B·(max hᵢ − b + 1) items (a candidate's first group of b rollouts, then each further
+    rollout up to hᵢ, all at its ratio): candidates by signal per token, each filled to hᵢ; among
     candidates of exactly equal signal per token (as never-seen prompts of one domain are:
     the same prior, the same expected length) the rollouts go round in the strategy's rank
     order (first groups, then one more each, …), so equals share; the first
@@ -343,17 +346,22 @@ def token_knapsack(
     if B == 0 or max_prompts <= 0 or hi < max(lo, 1):
         return out
     b = min(max(lo, 2), hi)  # the smallest group
+    # Each candidate's largest group: hi, or its cap (at least the smallest group).
+    top = np.full(B, hi, np.int64) if caps is None else np.clip(np.asarray(caps, np.int64), b, hi)
     if hi == 1:
         rate = p * (1.0 - p)
     else:
-        rate = group_signal(p, hi) / hi
+        rate = np.zeros(B)
+        for n in np.unique(top).tolist():  # one pass per distinct group size (≤ hi), not per prompt
+            at = top == n
+            rate[at] = group_signal(p[at], n) / n
     ratio = rate / t
-    # Items: a candidate's first group (b rollouts), then each further rollout, all at its ratio.
-    H = hi - b + 1
+    # Items: a candidate's first group (b rollouts), then each further rollout up to its top, all at its ratio.
+    H = int(top.max()) - b + 1
     r_idx = np.repeat(np.arange(H), B)
     c_idx = np.tile(np.arange(B), H)
     n_roll = np.where(r_idx == 0, b, 1)
-    flat = ratio[c_idx]
+    flat = np.where(r_idx <= top[c_idx] - b, ratio[c_idx], 0.0)
     order = np.lexsort((c_idx, r_idx, -flat))
     order = order[flat[order] > 0.0]
     # The first max_prompts first groups enter; a candidate whose first group is later takes nothing.
