@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--register-pool", type=int, default=None, help="prompts registered (default 1,000,000)")
     ap.add_argument("--register-chunk", type=int, default=10_000, help="prompts per request")
     ap.add_argument("--old", default=None, help="a source tree of other code (e.g. a git worktree of an older "
-                    "commit): its server is measured too, alternating with this code's, register and ingest only")
+                    "commit): its server is measured too, alternating with this code's, plans, register and ingest")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register and ingest "
                     "(plans: one of each)")
     args = ap.parse_args(argv)
