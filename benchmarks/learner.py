@@ -539,8 +539,9 @@ class PluginPlanner:
         if any(p.plan_id != head.plan_id or p.prompt_ids != head.prompt_ids for p in plans[1:]):
             raise RuntimeError(f"step {step}: the ranks got different plans")
         pred = np.array([np.nan if x is None else x for x in head.predicted_pass_rates], np.float64)
-        idx = np.array(head.indices, np.int64)
-        return StepPlan(idx, np.array(head.rollouts, np.int64), pred, head.plan_id, head.max_new_tokens)
+        return StepPlan(
+            np.array(head.indices, np.int64), np.array(head.rollouts, np.int64), pred, head.plan_id, head.max_new_tokens
+        )
 
     def prefetch(self, step: int, batch: int, budget: int) -> None:
         for sc in self.scheds:
@@ -1277,9 +1278,9 @@ def token_summary(rows: list[dict], arms: list[str]) -> list[dict]:
         ratios: dict[str, list[float]] = {"tokens": [], "rollouts": []}
         for r in mine:
             ref = by.get((base, r["seed"])) if base != arm else None
-            for key, total in (("tokens", "tokens"), ("rollouts", "rollouts")):
+            for key in ("tokens", "rollouts"):
                 if ref is not None and ref[f"{key}_to_target"]:
-                    ratios[key].append((r[f"{key}_to_target"] or r[total]) / ref[f"{key}_to_target"])
+                    ratios[key].append((r[f"{key}_to_target"] or r[key]) / ref[f"{key}_to_target"])
 
         out.append(
             {

@@ -70,16 +70,9 @@ class PlanJSON:
         }
 
     def to_json(self) -> bytes:
-        if self.costs is not None or not np.isfinite(self.predicted).all():
-            # Not the hot path's shape (or not finite, not expected: json then refuses NaN).
+        if not np.isfinite(self.predicted).all():  # not expected: json refuses NaN (orjson would write null)
             return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":")).encode()
-        # The items' dicts built and dumped in one pass; floats in the shortest round-trip form.
-        items = list(map(_item, self.prompt_ids, self.rollouts, self.predicted.tolist()))
-        return orjson.dumps({**self.head, "items": items})
-
-
-def _item(prompt_id: str, rollouts: int, predicted: float) -> dict[str, Any]:
-    return {"prompt_id": prompt_id, "rollouts": rollouts, "predicted_pass_rate": predicted}
+        return orjson.dumps(self.to_dict())
 
 
 def plan_out(state: RunState, plan: Plan, ordinals, rollouts, predicted, costs=None) -> PlanJSON:

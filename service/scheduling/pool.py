@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from .beta import BetaPosterior
-from .cost import CostStats
+from .cost import DEFAULT_TOKENS, CostStats
 from .textprior import PromptText
 from .util import add_at, grow, occurrence_rank, small_int_dtype, widen  # noqa: F401  (occurrence_rank re-exported)
 
@@ -365,14 +365,11 @@ class PoolState:
         self._last_mean[o] = y
 
     def cost_estimates(
-        self, idx: np.ndarray | slice = slice(None), default_tokens: float | None = None
+        self, idx: np.ndarray | slice = slice(None), default_tokens: float = DEFAULT_TOKENS
     ) -> dict[str, np.ndarray]:
         """Expected completion tokens and truncation rate of the prompts at ``idx``, with their
         uncertainty (``CostStats.estimates``; ``default_tokens`` where nothing was reported)."""
-        from .cost import DEFAULT_TOKENS
-
-        default = DEFAULT_TOKENS if default_tokens is None else default_tokens
-        return self.cost.estimates(self.size, idx, self.domain, self.n_domains, default)
+        return self.cost.estimates(self.size, idx, self.domain, self.n_domains, default_tokens)
 
     # -- the empirical-Bayes prior ------------------------------------------------
     def _contrib(self, o: np.ndarray) -> np.ndarray:
