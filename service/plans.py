@@ -28,7 +28,7 @@ from .scheduling import allocation, cost
 from .scheduling import strategies as strat
 from .scheduling.pool import PoolState
 from .storage import repository as repo
-from .storage.db import locked_read_session, write_session
+from .storage.db import write_session
 from .storage.models import Plan, Run
 from .store import StateStore, spec_at
 
@@ -183,11 +183,10 @@ class Planner:
         the step's plan if it has one, read with the run's lock in one round trip
         (PostgreSQL) or one query after it (SQLite)."""
         read = repo.plan_context_sql(run_id, step)
-        with self._forget_on_failure(run_id) as hold, locked_read_session(self.sessions, run_id, read) as (s, row):
-            if row is None and not repo.is_postgres(s):
-                row = repo.plan_context(s, run_id, step)
-            else:
-                row = repo.context_of_row(s, row)
+        with (
+            self._forget_on_failure(run_id) as hold,
+            repo.locked_context(self.sessions, run_id, read, lambda s: repo.plan_context(s, run_id, step)) as (s, row),
+        ):
             if row is None:
                 raise RunNotFound(run_id)
             run, latest, existing = row

@@ -25,7 +25,6 @@ from .log.events import ReportEvent
 from .log.state import RunState
 from .scheduling.cost import cost_or_none, group_cost
 from .storage import repository as repo
-from .storage.db import locked_read_session
 from .storage.models import Run
 from .store import StateStore
 
@@ -171,11 +170,8 @@ class Reports:
         g = Groups.of(self.settings, body)
         # The run's lock and the report's context in one round trip (PostgreSQL).
         read = repo.report_context_sql(run_id, body.report_id, body.step)
-        with locked_read_session(self.sessions, run_id, read) as (s, pg_row):
-            if pg_row is not None or repo.is_postgres(s):
-                row = repo.context_of_row(s, pg_row)
-            else:
-                row = repo.report_context(s, run_id, body.report_id, body.step)
+        fallback = lambda s: repo.report_context(s, run_id, body.report_id, body.step)  # noqa: E731
+        with repo.locked_context(self.sessions, run_id, read, fallback) as (s, row):
             if row is None:
                 raise RunNotFound(run_id)
             run, prior_groups, prior_hash, reported_step, step_known = row

@@ -8,17 +8,19 @@ PostgreSQL, one executemany on SQLite (``db.bulk_insert``), built column-wise.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..log.events import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
 from ..scheduling.cost import COST_FIELDS, cost_or_none
-from .db import bulk_insert, copy_text, literal
+from .db import bulk_insert, copy_text, literal, locked_read_session
 from .models import (
     Plan,
     PlanExtension,
@@ -518,6 +520,17 @@ def context_of_row(s: Session, row: tuple | None):
     make_transient_to_detached(run)
     s.add(run)
     return (run, *row[n:])
+
+
+@contextmanager
+def locked_context(
+    sessions: sessionmaker[Session], run_id: str, read: str, fallback: Callable[[Session], tuple | None]
+) -> Iterator[tuple[Session, tuple | None]]:
+    """The run's write transaction and its context row (``plan_context``, ``report_context``)
+    read under the run's lock: on PostgreSQL in the lock's own round trip (``read``, their
+    ``_sql``), on SQLite by ``fallback(session)`` after it; None for an unknown run."""
+    with locked_read_session(sessions, run_id, read) as (s, row):
+        yield s, (fallback(s) if row is None and not is_postgres(s) else context_of_row(s, row))
 
 
 def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
