@@ -107,20 +107,22 @@ def _carries(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
-def arithmetic_prompts(rng: np.random.Generator, domain: np.ndarray, noise: float = 0.25):
+def arithmetic_prompts(rng: np.random.Generator, domain: np.ndarray, noise: float = 0.25, told: bool = False):
     """(texts, difficulty within the domain) of one synthetic prompt per entry of ``domain``:
     "[domain k] What is 4821 * 93?", harder with more digits, a harder operator and more
-    carries, plus ``noise`` (sd) that the text does not tell."""
+    carries, plus ``noise`` (sd) that the text does not tell; with ``told``, also the part
+    the text tells (the difficulty less that noise)."""
     P = domain.size
     la, lb = rng.integers(1, 7, P), rng.integers(1, 7, P)
     op = rng.integers(0, 3, P)
     a, b = _digits(rng, la), _digits(rng, lb)
-    diff = 0.3 * (la + lb - 2) + OP_COST[op] + 0.15 * _carries(a, b) + noise * rng.standard_normal(P)
+    said = 0.3 * (la + lb - 2) + OP_COST[op] + 0.15 * _carries(a, b)
+    diff = said + noise * rng.standard_normal(P)
     texts = [
         f"[domain {d}] What is {x} {OPS[o]} {y}?"
         for d, x, o, y in zip(domain.tolist(), a.tolist(), op.tolist(), b.tolist())
     ]
-    return texts, diff
+    return (texts, diff, said) if told else (texts, diff)
 
 
 class Learner:
@@ -140,10 +142,12 @@ class Learner:
         self.h_difficulty = self.dom_offset[self.h_domain] + _spread(cfg.spread, rng, cfg.heldout)
         self.texts: list[str] | None = None
         self.embeddings: np.ndarray | None = None
+        self.told: np.ndarray | None = None  # the difficulty the text tells ("arith")
         if cfg.text == "arith":
             # The difficulty inside a domain is what the text tells plus what it does not.
-            self.texts, within = arithmetic_prompts(rng, self.domain, cfg.text_noise)
+            self.texts, within, said = arithmetic_prompts(rng, self.domain, cfg.text_noise, told=True)
             self.difficulty = self.dom_offset[self.domain] + within
+            self.told = self.dom_offset[self.domain] + said
             _, h_within = arithmetic_prompts(rng, self.h_domain, cfg.text_noise)
             self.h_difficulty = self.dom_offset[self.h_domain] + h_within
         elif cfg.text == "embed":
@@ -157,6 +161,21 @@ class Learner:
         d = self.domain[idx]
         p = 1.0 / (1.0 + np.exp(-self.cfg.gamma * (self.skill[d] + self.memo[idx] - self.difficulty[idx])))
         return np.where(self.broken[idx], 0.0, np.where(self.trivial[idx], 1.0, p))
+
+    def text_pass_rate(self, idx: np.ndarray) -> np.ndarray:
+        """What the text tells of prompts ``idx``'s pass rate now: the mean over the part of
+        the difficulty it does not tell (probit approximation), mixed with the pool's
+        never- and always-pass shares (the text tells neither). Only on a world with text."""
+        cfg = self.cfg
+        if self.told is None:
+            raise ValueError('text_oracle needs a world whose prompts carry text (text="arith")')
+        d = self.domain[idx]
+        z = (
+            cfg.gamma
+            * (self.skill[d] + self.memo[idx] - self.told[idx])
+            / np.sqrt(1.0 + np.pi * (cfg.gamma * cfg.text_noise) ** 2 / 8.0)
+        )
+        return (1.0 - cfg.broken - cfg.trivial) / (1.0 + np.exp(-z)) + cfg.trivial
 
     def heldout_accuracy(self) -> float:
         z = self.cfg.gamma * (self.skill[self.h_domain] - self.h_difficulty)
@@ -207,6 +226,7 @@ def arm_strategy(arm: str) -> dict:
 
 
 BASELINE_ARMS = ("dapo", "oracle", "first_sight_oracle")
+TEXT_ORACLE = "text_oracle"  # asked for by name: the ceiling of what text tells (``run_arm``)
 
 
 class Calibration:
@@ -481,23 +501,46 @@ def binned_bound(mask: np.ndarray, truth: np.ndarray, key: np.ndarray, bar: floa
     return best
 
 
-def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
+def run_arm(
+    arm: str,
+    cfg: SimConfig,
+    target: float,
+    eval_every: int,
+    *,
+    warm: tuple[np.ndarray, np.ndarray] | None = None,
+    policy: dict | None = None,
+    final: dict | None = None,
+) -> dict:
     """One arm on one seed's world. Arms: a strategy (``name+param=value&…``), ``dapo``,
     ``oracle`` (the B most informative of a 16×B candidate pool under the exact pass
     rates) or ``first_sight_oracle`` (the same, but knowing a prompt's exact pass rate only once
     it has been rolled out, and only its domain's mean exact pass rate over the seen
-    prompts before: what knowing the seen part of the pool is worth, without exploring)."""
+    prompts before: what knowing the seen part of the pool is worth, without exploring), or
+    ``text_oracle`` (the same, but before a prompt is seen knowing exactly what its text
+    tells, ``Learner.text_pass_rate``, and the policy's skill: the most any model of the
+    text could know; only on a world with text).
+
+    Cross-run transfer (``benchmarks/transfer.py``): ``warm`` = (prior pass rate, strength)
+    per prompt, NaN where none (what the service's ``warm_start_from`` sends); ``policy``:
+    the policy's starting ``skill`` per domain and ``memo`` per prompt (a resumed policy);
+    ``final``: a dict that receives the final ``pool``, ``learner`` and ``strategy``."""
     rng = np.random.default_rng(cfg.seed)  # the same world for every arm (paired seeds)
     learner = Learner(cfg, rng)
+    if policy is not None:
+        learner.skill = np.array(policy["skill"], np.float64)
+        learner.memo = np.array(policy["memo"], np.float64)
     roll_rng = np.random.default_rng(cfg.seed + 1_000_003)
     B, n0 = cfg.batch, cfg.rollouts
     budget = B * n0
     spec = arm_strategy(arm)
     name = spec["name"]
-    strategy = None if arm in BASELINE_ARMS else strat.build(name, spec["params"])
+    strategy = None if arm in BASELINE_ARMS + (TEXT_ORACLE,) else strat.build(name, spec["params"])
     pool = strategy.make_pool() if strategy else PoolState()
     sent_domain = learner.domain if cfg.send_domains else np.zeros(cfg.prompts, np.int32)
-    pool.set_prompts(np.arange(cfg.prompts), sent_domain, np.full(cfg.prompts, np.nan))
+    if warm is None:
+        pool.set_prompts(np.arange(cfg.prompts), sent_domain, np.full(cfg.prompts, np.nan))
+    else:
+        pool.set_prompts(np.arange(cfg.prompts), sent_domain, warm[0], warm[1])
     if learner.texts is not None or learner.embeddings is not None:
         emb = None if learner.embeddings is None else list(learner.embeddings)
         pool.set_text(np.arange(cfg.prompts), learner.texts, emb)
@@ -532,9 +575,11 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
                     break
             idx, n, k = (np.concatenate(x) for x in (kept_i, kept_n, kept_k))
         else:
-            if arm in ("oracle", "first_sight_oracle"):
+            if arm in ("oracle", "first_sight_oracle", TEXT_ORACLE):
                 cand = roll_rng.choice(cfg.prompts, min(cfg.prompts, 16 * B), replace=False)
                 p = learner.pass_rate(cand)
+                if arm == TEXT_ORACLE:
+                    p = np.where(calib.seen()[cand], p, learner.text_pass_rate(cand))
                 if arm == "first_sight_oracle":
                     true_all = learner.pass_rate()
                     seen = calib.seen()
@@ -573,6 +618,8 @@ def run_arm(arm: str, cfg: SimConfig, target: float, eval_every: int) -> dict:
             if strategy is not None and step >= cfg.steps // 10:
                 unseen_rank.add(strategy, pool, learner, step)
     share = where / max(groups_total, 1)
+    if final is not None:
+        final.update(pool=pool, learner=learner, strategy=strategy)
     return {
         **coverage.row(),
         "arm": arm,

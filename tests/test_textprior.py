@@ -4,11 +4,12 @@ the ridge fit, and what it does to never-seen prompts' predictions in ``default`
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import spearmanr
-
+import pytest
 from rollplan.benchmarks import sim
 from rollplan.service.scheduling import strategies as strat
+from rollplan.service.scheduling.irt import SkillDifficultyModel
 from rollplan.service.scheduling.textprior import EMBED_DIM, MAX_FEATURES, PromptText, TextPrior
+from scipy.stats import spearmanr
 
 
 def _texts(level: np.ndarray, rng: np.random.Generator) -> list[str]:
@@ -51,15 +52,49 @@ def test_fit_learns_what_text_tells_and_declines_noise():
     tp = TextPrior(every=10)
     tp.fit(t, seen, y, noise, normal, spread=4.0, step=0)
     assert tp.useful and tp.var < 0.5
-    rel, var = tp.predict(t, np.arange(2_000, P))
+    rel, var, stuck, solved = tp.predict(t, np.arange(2_000, P))
     assert spearmanr(rel, -level[2_000:]).statistic > 0.9
     assert np.all(var == tp.var)
+    assert np.isnan(stuck).all() and np.isnan(solved).all()  # no class targets given: no class fit
     # Targets the text says nothing about: the fit does not beat the domain's spread.
     junk = TextPrior(every=10)
     junk.fit(t, seen, rng.standard_normal(seen.size), noise, normal, spread=1.0, step=0)
     assert not junk.useful and junk.predict(t, np.arange(5)) is None
     # Not due again inside its window; due at the next one.
     assert not tp.due(9) and tp.due(10)
+
+
+def test_class_fit_predicts_stuck_and_solved_from_text_and_declines_noise():
+    """The latent-class fit learns what text tells of P(stuck) and P(solved) (residuals from
+    the domain's shares); a class the text says nothing about stays off (NaN)."""
+    rng = np.random.default_rng(1)
+    P = 3_000
+    level = rng.integers(1, 9, P)
+    t = PromptText()
+    t.set(np.arange(P), _texts(level, rng), None)
+    seen = np.arange(2_000)
+    y, noise, normal = np.zeros(seen.size), np.full(seen.size, 0.04), np.ones(seen.size)
+    # Level 8 prompts are held stuck (the text tells: 8 digits); "solved" is noise.
+    stuck = np.where(level[seen] == 8, 0.85, -0.1) + 0.05 * rng.standard_normal(seen.size)
+    solved = 0.05 * rng.standard_normal(seen.size)
+    tp = TextPrior(every=10)
+    tp.fit(t, seen, y, noise, normal, spread=4.0, step=0, classes=np.c_[stuck, solved])
+    assert tp.class_useful[0] and not tp.class_useful[1]
+    out = tp.predict(t, np.arange(2_000, P))
+    assert out is not None
+    rs, rv = out[2], out[3]
+    hard = level[2_000:] == 8
+    assert rs[hard].mean() > 0.3 and rs[~hard].mean() < 0.0  # linear in the features: shrunk, not a step
+    assert np.isnan(rv).all()
+    # The item-response model takes them as never-seen prompts' class prior (clipped).
+    m = SkillDifficultyModel(latent=True)
+    m.grow(P, 1)
+    o = np.arange(2_000, P)
+    qs, qv = m.latent_probs(o, np.zeros(o.size, np.int64), 0, out)
+    base_s, base_v = m.latent_probs(o, np.zeros(o.size, np.int64), 0)
+    assert qs[hard].mean() > 0.3 and (qv <= base_v + 1e-12).all() and (qs <= 0.95).all() and (qs >= 1e-3).all()
+    assert (qs + qv <= 0.98 + 1e-9).all()  # P(normal) at least 0.02
+    assert qs[~hard].mean() < 0.15 and qs[level[2_000:] <= 4].mean() < base_s.mean()
 
 
 def test_default_ranks_never_seen_prompts_by_their_text_and_ignores_its_absence():
@@ -79,3 +114,20 @@ def test_default_ranks_never_seen_prompts_by_their_text_and_ignores_its_absence(
 def test_default_turns_it_on():
     assert strat.build("default", {}).params.text_prior is True
     assert strat.build("frontier", {}).params.text_prior is False
+
+
+def test_text_oracle_knows_what_the_text_tells_and_needs_text():
+    """The ceiling arm's knowledge: the told part of the difficulty differs from the
+    difficulty by exactly the untold noise, its pass rates lie between the never- and
+    always-pass shares' bounds, and a world without text refuses it."""
+    cfg = sim.SimConfig(prompts=3_000, steps=30, batch=32, text="arith", text_noise=0.5, heldout=200)
+    learner = sim.Learner(cfg, np.random.default_rng(0))
+    gap = learner.difficulty - learner.told
+    assert abs(gap.mean()) < 0.05 and abs(gap.std() - 0.5) < 0.05
+    p = learner.text_pass_rate(np.arange(3_000))
+    assert (p >= cfg.trivial).all() and (p <= 1.0 - cfg.broken).all()
+    run = sim.run_arm("text_oracle", cfg, target=float("inf"), eval_every=10)
+    assert run["rollouts"] == 30 * 32 * cfg.rollouts
+    plain = sim.SimConfig(prompts=2_000, steps=5, batch=32, heldout=100)
+    with pytest.raises(ValueError, match="text"):
+        sim.run_arm("text_oracle", plain, target=float("inf"), eval_every=5)

@@ -49,7 +49,10 @@ with hazard ``latent_hazard`` per step (a stuck prompt may become reachable, a s
 regress). Groups of likely-stuck or -solved prompts count in the domain's skill and in its
 difficulty distribution with the posterior weight of "normal", so wrong labels do not drag
 their level's skill down. Predictions are the mixture, p = P(normal)·p_irt + P(solved);
-a Thompson draw samples the class, then the pass rate.
+a Thompson draw samples the class, then the pass rate. Where ``pred`` carries two more
+arrays (the text prior's P(stuck), P(solved) residuals from the domain's shares), a
+never-seen prompt's class prior is the domain's share plus its residual, clipped
+(``_class_prior``); a seen prompt's posterior still relaxes toward the domain's shares.
 
 Late reports (staleness: how far the run's latest reported step was past the report's
 step when it committed) count with weight ``staleness_decay ** staleness`` on n and k.
@@ -170,7 +173,7 @@ class SkillDifficultyModel:
         else:  # no client prior among them (the usual case): the same values, fewer passes
             mu0, var0 = dm[d], dv[d]
         if pred is not None:
-            rel, rel_var = pred
+            rel, rel_var = pred[0], pred[1]
             use = ~has_prior & ~np.isnan(rel)
             mu0 = np.where(use, dm[d] - np.nan_to_num(rel), mu0)
             var0 = np.where(use, np.minimum(np.nan_to_num(rel_var, nan=1.0), dv[d]), var0)
@@ -229,7 +232,7 @@ class SkillDifficultyModel:
         rank = occurrence_rank(o)
         for r in range(int(rank.max()) + 1 if rank.size else 0):
             m = rank == r
-            pm = None if pred is None else (pred[0][m], pred[1][m])
+            pm = None if pred is None else tuple(x[m] for x in pred)
             self._observe_unique(o[m], d[m], n[m], k[m], step[m], prior_logit[m], pm)
 
     def _observe_unique(self, o, d, n, k, step, prior_logit, pred=None) -> None:
@@ -238,7 +241,7 @@ class SkillDifficultyModel:
         w: float | np.ndarray = 1.0  # the group's weight in its domain's statistics: P(normal | this group)
         old_w = self._weight(o)
         if self.latent:
-            w = self._observe_latent(o, d, n, k, step, mu, var, th, th_var)
+            w = self._observe_latent(o, d, n, k, step, mu, var, th, th_var, pred)
         p = _sigmoid(th - mu)
         info = n * p * (1 - p)
         resid = k - n * p
@@ -322,26 +325,30 @@ class SkillDifficultyModel:
         dom = (self.lat_[:, 1:] + _LATENT_C * g[None, :]) / (self.lat_[:, :1] + _LATENT_C)
         return dom[:, 0], dom[:, 1]
 
-    def latent_probs(self, o: np.ndarray, d: np.ndarray, step) -> tuple[np.ndarray, np.ndarray]:
+    def latent_probs(self, o: np.ndarray, d: np.ndarray, step, pred=None) -> tuple[np.ndarray, np.ndarray]:
         """P(stuck), P(solved) of prompts ``o`` at ``step``: the posterior at their last
-        update relaxed toward their domain's prior by the hazard (the prior if unseen)."""
+        update relaxed toward their domain's prior by the hazard; if unseen, the domain's
+        prior, or where ``pred`` carries class residuals (the text prior's), the domain's
+        prior plus them (clipped: neither above 0.95, P(normal) at least 0.02)."""
         if not self.latent:
             return np.zeros(o.shape), np.zeros(o.shape)
         ps, pv = self.latent_prior()
         qs, qv = ps[d], pv[d]
-        sel, os, st = self._seen_part(o, step)  # the rest keep their domain's prior
+        if pred is not None and len(pred) > 2:
+            qs, qv = _class_prior(qs, qv, pred[2], pred[3])
+        sel, os, st = self._seen_part(o, step)  # the rest keep their prior
         if sel.size:
             keep: float | np.ndarray = 1.0
             if self.latent_hazard > 0:
                 keep = (1.0 - self.latent_hazard) ** np.maximum(st - self.seen_step_[os], 0)
-            a, b = qs[sel], qv[sel]
+            a, b = ps[d[sel]], pv[d[sel]]  # a seen prompt relaxes toward its domain's shares
             qs[sel] = a + (self.q_stuck_[os].astype(np.float64) - a) * keep
             qv[sel] = b + (self.q_solved_[os].astype(np.float64) - b) * keep
         return qs, qv
 
-    def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var) -> np.ndarray:
+    def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var, pred=None) -> np.ndarray:
         """Bayes' rule on the latent class for one group per prompt; returns P(normal)."""
-        qs, qv = self.latent_probs(o, d, step)
+        qs, qv = self.latent_probs(o, d, step, pred)
         x = self._prompt_skill(o, th) - mu
         log_normal = group_loglik(x, var + th_var, n, k)  # item-response predictive, before the update
         fail = k <= 1e-9
@@ -397,7 +404,7 @@ class SkillDifficultyModel:
         p = _sigmoid(x / np.sqrt(1.0 + np.pi * v / 8.0))
         if not self.latent:
             return p
-        qs, qv = self.latent_probs(o, d, step)
+        qs, qv = self.latent_probs(o, d, step, pred)
         return _p_normal(qs, qv) * p + qv
 
     def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None, scale: float = 1.0) -> np.ndarray:
@@ -407,7 +414,7 @@ class SkillDifficultyModel:
         p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
         if not self.latent:
             return p
-        qs, qv = self.latent_probs(o, d, step)
+        qs, qv = self.latent_probs(o, d, step, pred)
         u = rng.random(x.shape)
         return np.where(u < qs, 0.0, np.where(u < qs + qv, 1.0, p))
 
@@ -422,7 +429,18 @@ class SkillDifficultyModel:
         out = f @ wq
         if not self.latent:
             return out
-        return _p_normal(*self.latent_probs(o, d, step)) * out
+        return _p_normal(*self.latent_probs(o, d, step, pred)) * out
+
+
+def _class_prior(qs: np.ndarray, qv: np.ndarray, rs: np.ndarray, rv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The domain's shares ``qs``, ``qv`` moved by the text prior's residuals (NaN: none)."""
+    s = np.where(np.isnan(rs), qs, np.clip(qs + np.nan_to_num(rs), 1e-3, 0.95))
+    v = np.where(np.isnan(rv), qv, np.clip(qv + np.nan_to_num(rv), 1e-3, 0.95))
+    over = np.maximum(s + v - 0.98, 0.0)  # P(normal) at least 0.02: taken from both in proportion
+    if over.any():
+        f = 1.0 - over / np.maximum(s + v, 1e-12)
+        s, v = s * f, v * f
+    return s, v
 
 
 def _p_normal(q_stuck: np.ndarray, q_solved: np.ndarray) -> np.ndarray:

@@ -25,6 +25,12 @@ domain: v below the mean spread of the domains' difficulties; then a never-seen 
 difficulty prior is centred on m_d − x_i·β with variance min(v, the domain's) (the
 ``pred`` path of ``irt``), and its own groups take over as they come (Bayes).
 
+**Latent classes** (with the item-response model's stuck/solved classes on): two more
+ridge fits, weight 1, of a seen prompt's P(stuck) and P(solved) (its posterior at the
+refit) less its domain's prior shares; each is in force while its held-out squared error
+is below the domain share's. A never-seen prompt's class prior is then the domain's share
+plus the fitted residual (``irt._class_prior``: clipped, P(normal) ≥ 0.02).
+
 **When**: refit at the first report of every window of ``every`` steps, from the
 fold's state at that point — a pure function of the log, so a live server, a restarted
 one, a replica and every replay plan with the same coefficients (the version in force
@@ -200,6 +206,8 @@ class TextPrior:
         self.var = np.inf
         self.rows = 0  # training prompts of the fit in force
         self.useful = False
+        self.class_coef_: np.ndarray | None = None  # 2 × (DIM + dense + bias): P(stuck), P(solved) residuals
+        self.class_useful = np.zeros(2, bool)
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step // self.every > self.window
@@ -213,11 +221,13 @@ class TextPrior:
         normal: np.ndarray,
         spread: float,
         step: int,
+        classes: np.ndarray | None = None,
     ) -> None:
         """Refit on seen prompts ``seen`` (ordinals, most recent last) with targets ``y``,
         their posterior variances ``noise`` and posteriors of "normal" ``normal``;
         ``spread`` is the mean variance of the domains' difficulties (the baseline the
-        fit must beat)."""
+        fit must beat). ``classes`` (seen × 2, optional): their P(stuck), P(solved) less
+        their domain's prior shares, the targets of the latent-class fit."""
         self.window = step // self.every
         keep = slice(-self.max_rows, None)
         seen, y, noise, normal = seen[keep], y[keep], noise[keep], normal[keep]
@@ -229,34 +239,65 @@ class TextPrior:
         if tr.sum() < 10 or held.sum() < 3:
             return
         X, Dn = text.matrix(seen)
-        Xt, Dt = X[tr], np.c_[Dn[tr], np.ones(int(tr.sum()))]
-        wt, yt = w[tr], y[tr]
-        nd = Dt.shape[1]
-
-        def mv(b: np.ndarray) -> np.ndarray:
-            z = Xt @ b[:DIM] + Dt @ b[DIM:]
-            z *= wt
-            return np.r_[Xt.T @ z, Dt.T @ z] + self.ridge * b
-
-        A = LinearOperator((DIM + nd, DIM + nd), matvec=mv, dtype=np.float64)
-        rhs = np.r_[Xt.T @ (wt * yt), Dt.T @ (wt * yt)]
-        x0 = self.coef_ if self.coef_ is not None else np.zeros(DIM + nd)
-        coef, _ = cg(A, rhs, x0=x0, maxiter=self.iterations, rtol=1e-8, atol=0.0)
-        Xh, Dh = X[held], np.c_[Dn[held], np.ones(int(held.sum()))]
-        err = (Xh @ coef[:DIM] + Dh @ coef[DIM:]) - y[held]
+        D1 = np.c_[Dn, np.ones(seen.size)]
+        coef = self._solve(X[tr], D1[tr], w[tr], y[tr], self.coef_)
+        err = (X[held] @ coef[:DIM] + D1[held] @ coef[DIM:]) - y[held]
         wh = w[held]
         # The weighted squared error less the targets' own posterior variance.
         self.var = float(max(np.sum(wh * (err**2 - noise[held])) / max(wh.sum(), 1e-12), 0.05))
         self.coef_ = coef
         self.rows = int(tr.sum())
         self.useful = bool(self.var < spread)
+        if classes is None:
+            return
+        r = np.asarray(classes, np.float64)[keep][has]
+        ones = np.ones(int(tr.sum()))
+        for c in range(2):
+            prev = None if self.class_coef_ is None else self.class_coef_[c]
+            b = self._solve(X[tr], D1[tr], ones, r[tr, c], prev)
+            e = (X[held] @ b[:DIM] + D1[held] @ b[DIM:]) - r[held, c]
+            if self.class_coef_ is None:
+                self.class_coef_ = np.zeros((2, b.size))
+            self.class_coef_[c] = b
+            # In use while its held-out Brier is below the domain's share's (a residual of 0).
+            self.class_useful[c] = bool(np.mean(e**2) < np.mean(r[held, c] ** 2))
 
-    def predict(self, text: PromptText, o: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(relative easiness, variance) of prompts ``o`` (NaN where the prompt has no
-        features); None while no useful fit is in force."""
-        if not self.useful or self.coef_ is None:
+    def _solve(self, X: csr_matrix, D: np.ndarray, w: np.ndarray, y: np.ndarray, x0: np.ndarray | None) -> np.ndarray:
+        """Weighted ridge by conjugate gradients: (XᵀWX + λI)β = XᵀWy over the sparse and
+        dense columns, a fixed number of iterations from ``x0`` (the previous fit)."""
+        n = DIM + D.shape[1]
+
+        def mv(b: np.ndarray) -> np.ndarray:
+            z = X @ b[:DIM] + D @ b[DIM:]
+            z *= w
+            return np.r_[X.T @ z, D.T @ z] + self.ridge * b
+
+        A = LinearOperator((n, n), matvec=mv, dtype=np.float64)
+        rhs = np.r_[X.T @ (w * y), D.T @ (w * y)]
+        coef, _ = cg(A, rhs, x0=x0 if x0 is not None else np.zeros(n), maxiter=self.iterations, rtol=1e-8, atol=0.0)
+        return coef
+
+    def predict(self, text: PromptText, o: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """(relative easiness, variance, P(stuck) residual, P(solved) residual) of prompts
+        ``o``: NaN where the prompt has no features, a residual NaN where that class's fit
+        is not in use; None while neither fit is."""
+        cls = self.class_coef_ is not None and bool(self.class_useful.any())
+        if not cls and (not self.useful or self.coef_ is None):
             return None
         has = text.has(o)
         X, Dn = text.matrix(o)
-        r = X @ self.coef_[:DIM] + np.c_[Dn, np.ones(o.size)] @ self.coef_[DIM:]
-        return np.where(has, r, np.nan), np.where(has, self.var, np.nan)
+        D1 = np.c_[Dn, np.ones(o.size)]
+        nan = np.full(o.size, np.nan)
+        if self.useful and self.coef_ is not None:
+            r = np.where(has, X @ self.coef_[:DIM] + D1 @ self.coef_[DIM:], np.nan)
+            v = np.where(has, self.var, np.nan)
+        else:
+            r, v = nan, nan
+        out = [r, v]
+        for c in range(2):
+            if cls and self.class_useful[c] and self.class_coef_ is not None:
+                b = self.class_coef_[c]
+                out.append(np.where(has, X @ b[:DIM] + D1 @ b[DIM:], np.nan))
+            else:
+                out.append(nan)
+        return tuple(out)

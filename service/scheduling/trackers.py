@@ -67,13 +67,17 @@ class SkillTracker:
         y = dm[d] - m.mu_[seen].astype(np.float64)
         noise = 1.0 / m.tau_[seen].astype(np.float64)
         used = np.unique(d)
-        tp.fit(text, seen, y, noise, normal, float(np.mean(dv[used])) if used.size else np.inf, step)
+        classes = None
+        if m.latent:  # the latent classes' residuals from their domain's shares
+            ps, pv = m.latent_prior()
+            classes = np.c_[qs - ps[d], qv - pv[d]]
+        tp.fit(text, seen, y, noise, normal, float(np.mean(dv[used])) if used.size else np.inf, step, classes)
 
-    def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
         """The learned predictor's prior where the pool has one, else the text prior's."""
         pred = pool.predicted_prior(idx)
         if pred is None and self.text_prior is not None and pool.text is not None:
-            pred = self.text_prior.predict(pool.text, np.asarray(idx, np.int64))
+            return self.text_prior.predict(pool.text, np.asarray(idx, np.int64))
         return pred
 
     def _prompts(self, pool: PoolState, idx: np.ndarray) -> dict:
@@ -100,7 +104,7 @@ class SkillTracker:
         return self.model.expected_score(step=step, n=n, kind=kind, **self._prompts(pool, idx))
 
     def latent_probs(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.model.latent_probs(idx, pool.domain[idx], step)
+        return self.model.latent_probs(idx, pool.domain[idx], step, self._pred(pool, idx))
 
     def prior_logit_belief(self, pool: PoolState, idx: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """θ_d − b of prompts ``idx`` at their prior difficulty, their own groups left out."""
@@ -122,6 +126,7 @@ class SkillTracker:
                 "training_prompts": tp.rows,
                 "variance": None if not np.isfinite(tp.var) else tp.var,
                 "in_use": tp.useful,
+                "classes_in_use": {"stuck": bool(tp.class_useful[0]), "solved": bool(tp.class_useful[1])},
             }
         return out
 
