@@ -40,12 +40,18 @@ def test_features_are_capped_replaced_and_projected_deterministically():
     assert not t.matrix(np.array([1]))[1][0, 1:].any()
 
 
-def test_fit_learns_what_text_tells_and_declines_noise():
-    rng = np.random.default_rng(0)
-    P = 3_000
+def _levelled_pool(seed: int, P: int = 3_000) -> tuple[np.random.Generator, np.ndarray, PromptText]:
+    """(rng, level, features) of P prompts whose text tells their level (1–8)."""
+    rng = np.random.default_rng(seed)
     level = rng.integers(1, 9, P)
     t = PromptText()
     t.set(np.arange(P), _texts(level, rng), None)
+    return rng, level, t
+
+
+def test_fit_learns_what_text_tells_and_declines_noise():
+    rng, level, t = _levelled_pool(0)
+    P = level.size
     seen = np.arange(2_000)
     y = -0.6 * (level[seen] - 4.5) + 0.2 * rng.standard_normal(seen.size)  # harder with more groups
     noise, normal = np.full(seen.size, 0.04), np.ones(seen.size)
@@ -67,11 +73,8 @@ def test_fit_learns_what_text_tells_and_declines_noise():
 def test_class_fit_predicts_stuck_and_solved_from_text_and_declines_noise():
     """The latent-class fit learns what text tells of P(stuck) and P(solved) (residuals from
     the domain's shares); a class the text says nothing about stays off (NaN)."""
-    rng = np.random.default_rng(1)
-    P = 3_000
-    level = rng.integers(1, 9, P)
-    t = PromptText()
-    t.set(np.arange(P), _texts(level, rng), None)
+    rng, level, t = _levelled_pool(1)
+    P = level.size
     seen = np.arange(2_000)
     y, noise, normal = np.zeros(seen.size), np.full(seen.size, 0.04), np.ones(seen.size)
     # Level 8 prompts are held stuck (the text tells: 8 digits); "solved" is noise.
