@@ -454,3 +454,82 @@ def test_no_console_errors_on_any_page(live, browser):
                  f"/ui/runs/{sim.run_id}/prompts/{pid}?refresh=0"):
         open_page(browser, server.url + path)
         assert_no_console_errors(browser)
+
+
+def test_brier_has_its_own_y_scale(live, browser):
+    """The calibration chart: pass rates on [0, 1] (left axis), the Brier score on its own
+    right axis from 0 to a bit above its largest value, so small scores are not squashed."""
+    server, sim = live
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    brier = [b for b in series(browser, "chart-calibration")["series"]["Brier"] if b is not None]
+    assert brier and max(brier) < 0.5, brier  # the simulated run's scores are all below 0.5
+    got = wait(browser, lambda d: d.execute_script("""
+      const u = document.getElementById('chart-calibration').uplot;
+      if (!u || u.scales.brier.max === undefined || u.scales.brier.max === null) return null;
+      return {scales: u.series.map(s => s.scale), brier: [u.scales.brier.min, u.scales.brier.max],
+        y: [u.scales.y.min, u.scales.y.max], axes: u.axes.map(a => [a.scale, a.side, a.show !== false])};"""))
+    assert got["scales"] == ["x", "brier", "y", "y"]  # x, Brier, mean predicted, mean observed
+    assert got["y"] == [0, 1]
+    lo, hi = got["brier"]
+    assert lo == 0 and max(brier) <= hi <= 0.6 and hi == pytest.approx(1.15 * max(brier))
+    assert hi < 0.6 < 1  # well below the pass rates' 1
+    assert ["brier", 1, True] in got["axes"]  # its own axis, on the right
+    assert_no_console_errors(browser)
+
+
+SIG = "return Array.from(document.querySelectorAll(arguments[0] + ' .u-legend .u-series .u-value'), e => e.textContent)"
+
+
+def significant_digits(text: str) -> int:
+    digits = text.replace(",", "").replace("-", "").replace("−", "").replace(".", "").lstrip("0")
+    if "." not in text:
+        digits = digits.rstrip("0")  # an integer's trailing zeros are not significant
+    return len(digits)
+
+
+def set_cursor(driver, chart_id, idx):
+    """Put a chart's cursor on data point idx (uPlot's setCursor) and read its legend values."""
+    return driver.execute_script("""
+      const u = document.getElementById(arguments[0]).uplot, x = u.data[0][arguments[1]];
+      u.setCursor({left: u.valToPos(x, 'x'), top: u.bbox.height / devicePixelRatio / 2});
+      return u.cursor.idx;""", chart_id, idx)
+
+
+def test_legend_values_have_at_most_4_significant_digits(live, browser):
+    server, sim = live
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    fmt = browser.execute_script(
+        "return [1234567, 0.123456, 12345.678, 2/3, 5, -0.000123456, null, undefined, NaN].map(v => RP.legendValue(null, v))")
+    assert fmt == ["1,234,567", "0.1235", "12,350", "0.6667", "5", "-0.0001235", "–", "–", "–"]
+    for cid in ("chart-reward", "chart-calibration", "chart-rollouts", "chart-states"):
+        assert browser.execute_script(
+            "return document.getElementById(arguments[0]).uplot.series.every(s => s.value === RP.legendValue)", cid), cid
+        data = series(browser, cid)
+        idx = len(data["x"]) // 2
+        assert set_cursor(browser, cid, idx) == idx
+        cells = browser.execute_script(SIG, "#" + cid)
+        assert len(cells) == 1 + len(data["series"]), (cid, cells)
+        assert cells[0] == f"{data['x'][idx]:,}"
+        for cell, (name, values) in zip(cells[1:], data["series"].items()):
+            v = values[idx]
+            if v is None:
+                assert cell == "–", (cid, name, cell)
+                continue
+            assert significant_digits(cell) <= 4, (cid, name, cell)
+            assert float(cell.replace(",", "")) == pytest.approx(v, rel=5e-4, abs=1e-12), (cid, name, cell, v)
+        if cid == "chart-reward":  # fractions: unrounded they would show more digits
+            assert any(len(str(values[idx])) > 6 for values in data["series"].values() if values[idx] is not None)
+
+    # the compare page's charts use the same formatter
+    open_page(browser, server.url + f"/ui/compare?refresh=0&runs={sim.run_id}")
+    assert browser.execute_script(
+        "return Array.from(document.querySelectorAll('.chart'), b => b.uplot).filter(Boolean)"
+        ".every(u => u.series.every(s => s.value === RP.legendValue))")
+    data = series(browser, "chart-effective")
+    idx = len(data["x"]) // 2
+    assert set_cursor(browser, "chart-effective", idx) == idx
+    cells = browser.execute_script(SIG, "#chart-effective")
+    v = data["series"][sim.run_id][idx]
+    assert cells[0] == f"{data['x'][idx]:,}" and significant_digits(cells[1]) <= 4
+    assert float(cells[1]) == pytest.approx(v, rel=5e-4)
+    assert_no_console_errors(browser)

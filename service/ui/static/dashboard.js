@@ -54,6 +54,15 @@ const RP = (() => {
   const fmt = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x)) ? "–" : (Number.isInteger(x) ? x.toLocaleString("en") : Number(x).toFixed(d));
   const pct = (x) => (x === null || x === undefined) ? "–" : (100 * x).toFixed(1) + "%";
 
+  /* A line chart's legend value (uPlot's series.value, x series too; run and compare pages):
+   * integers (steps, counts) in full with thousands separators, other numbers to at most 4
+   * significant digits, no value as "–". */
+  function legendValue(u, v) {
+    if (v === null || v === undefined || !Number.isFinite(v)) return "–";
+    if (Number.isInteger(v)) return v.toLocaleString("en");
+    return v.toLocaleString("en", { maximumSignificantDigits: 4 });
+  }
+
   function status(msg, bad) {
     const s = document.getElementById("status");
     if (s) { s.textContent = msg; s.classList.toggle("bad", !!bad); }
@@ -172,7 +181,7 @@ const RP = (() => {
       for (let i = 0; i < x.length; i++) {
         const v = vals[i];
         if (v === null || v === undefined || !Number.isFinite(v)) continue;
-        const px = u.valToPos(x[i], "x", true), py = u.valToPos(v, "y", true);
+        const px = u.valToPos(x[i], "x", true), py = u.valToPos(v, u.series[k + 1].scale || "y", true);
         if (pen) g.lineTo(px, py); else { g.moveTo(px, py); pen = true; }
       }
       g.stroke();
@@ -329,7 +338,8 @@ const RP = (() => {
     ch.plot = new uPlot({
       width: ch.width,
       height,
-      scales: { x: { time: false }, y: yScale },
+      // opts.y2: a second y scale on the right, { scale, label, range }, for the series with s.scale.
+      scales: { x: { time: false }, y: yScale, ...(opts.y2 ? { [opts.y2.scale]: { range: opts.y2.range } } : {}) },
       cursor: shared ? { sync: { key: SYNC_KEY, setSeries: false }, drag: { x: true, y: false } } : { drag: { x: false, y: false } },
       // Steps and group numbers are integers: ticks only at whole numbers.
       axes: [{ label: xLabel, labelSize: 18, labelGap: 0, size: 34, gap: 4,
@@ -338,9 +348,13 @@ const RP = (() => {
         // (uPlot's asinh splits start below the scale's 0: leave those out)
         ...(logY ? { filter: (u, splits) => splits.map(v => v >= u.scales.y.min && pow10(v) ? v : null),
           ticks: { filter: (u, splits) => splits.map(v => v >= u.scales.y.min ? v : null) },
-          grid: { filter: (u, splits) => splits.map(v => v >= u.scales.y.min && pow10(v) ? v : null) } } : {}) }],
-      series: [{ label: xLabel }, ...series.map((s, i) => ({
+          grid: { filter: (u, splits) => splits.map(v => v >= u.scales.y.min && pow10(v) ? v : null) } } : {}) },
+      ...(opts.y2 ? [{ scale: opts.y2.scale, side: 1, label: opts.y2.label || "", labelSize: opts.y2.label ? 18 : 0, labelGap: 0,
+        gap: 5, size: axisSize, grid: { show: false } }] : [])],
+      series: [{ label: xLabel, value: legendValue }, ...series.map((s, i) => ({
         label: s.label,
+        scale: s.scale || "y",
+        value: legendValue,
         stroke: colors[i],
         width: s.width || 1.5,
         dash: s.dash,
@@ -363,6 +377,12 @@ const RP = (() => {
       requestAnimationFrame(() => { if (charts[id] === ch) ch.plot.setSize({ width: ch.width, height }); });
     });
     ch.ro.observe(box);
+  }
+
+  /* The Brier axis: from 0 to 15% above the largest drawn score (at most 1; 0.25 with none). */
+  function brierRange(u, mn, mx) {
+    if (mx === null || mx === undefined || !Number.isFinite(mx) || mx <= 0) return [0, 0.25];
+    return [0, Math.min(1, mx * 1.15)];
   }
 
   /* Viridis-like colour ramp for the heatmap. */
@@ -741,11 +761,13 @@ const RP = (() => {
         { label: "mean reward", values: t.map(s => s.mean_reward) },
         { label: "effective ratio", values: t.map(s => s.effective_ratio), color: "#3ca951" },
       ], { y: { range: [0, 1] } });
+      // Pass rates on [0, 1] (left axis); the Brier score (mostly 0.02–0.2) on its own right
+      // axis from 0 to a bit above its largest value, so its line is not squashed.
       lineChart("chart-calibration", steps, [
-        { label: "Brier", values: t.map(s => s.calibration ? s.calibration.brier : null), color: "#a463f2" },
+        { label: "Brier", values: t.map(s => s.calibration ? s.calibration.brier : null), color: "#a463f2", scale: "brier" },
         { label: "mean predicted", values: t.map(s => s.calibration ? s.calibration.mean_predicted : null), color: "#97bbf5", dash: [4, 3] },
         { label: "mean observed", values: t.map(s => s.calibration ? s.calibration.mean_observed : null), color: "#9c6b4e", dash: [4, 3] },
-      ], { y: { range: [0, 1] } });
+      ], { y: { range: [0, 1] }, yLabel: "pass rate", y2: { scale: "brier", label: "Brier", range: brierRange } });
       lineChart("chart-latency", steps, [
         { label: "compute ms", values: t.map(s => s.plan ? s.plan.compute_ms : null), color: "#ff8ab7" },
       ], { yLabel: "ms" });
@@ -978,5 +1000,5 @@ const RP = (() => {
     const page = pages[document.body.dataset.page];
     if (page) page(); else status("no script registered page " + JSON.stringify(document.body.dataset.page), true);
   });
-  return { api, apiAll, el, fmt, pct, status, lineChart, schedule, register, COLORS, setSmoothing, setParams, view, fillTable };
+  return { api, apiAll, el, fmt, pct, legendValue, status, lineChart, schedule, register, COLORS, setSmoothing, setParams, view, fillTable };
 })();
