@@ -12,6 +12,7 @@ exports PNGs with their title and legend.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import httpx
@@ -180,6 +181,7 @@ def test_rollouts_to_reach_a_threshold_with_the_baseline_ratio(server, browser):
     assert "threshold=0.95" in browser.current_url and "baseline=unif-s1" in browser.current_url
 
     # wasted rollouts per run: the timeline's totals and shares
+    suspects = {}
     for rid in ids:
         tl = cumulative(server, rid)[2]
         n = sum(t["rollouts"] for t in tl)
@@ -191,8 +193,43 @@ def test_rollouts_to_reach_a_threshold_with_the_baseline_ratio(server, browser):
             tok_cells = [f"{tk:,}", f"{wt:,}", f"{100 * wt / tk:.1f}%"]
         else:
             tok_cells = ["–", "–", "–"]
+        # wrong-label suspects: the rollouts of the data-quality view's `broken` findings
+        broken = api(server, f"/v1/runs/{rid}/data-quality", kind="broken", limit=1000)
+        assert broken["next_cursor"] is None
+        br = sum(i["rollouts"] for i in broken["items"])
+        suspects[rid] = br
         assert cells[1:] == [f"{n:,}", f"{w:,}", f"{100 * w / n:.1f}%", f"{p:,}", f"{100 * p / n:.1f}%", f"{f:,}",
-                             f"{100 * f / n:.1f}%", f"{w - p - f:,}", *tok_cells], (rid, cells)
+                             f"{100 * f / n:.1f}%", f"{w - p - f:,}", f"{br:,}", f"{100 * br / n:.1f}%",
+                             *tok_cells], (rid, cells)
+        waste = json.loads(browser.find_element("css selector", f'#waste tr[data-run="{rid}"]').get_attribute("data-waste"))
+        assert (waste["wrong_label"], waste["wrong_label_prompts"]) == (br, len(broken["items"]))
+    assert any(suspects.values()), suspects  # the check is not vacuous
+    assert_no_console_errors(browser)
+
+
+def test_wasted_rollouts_table_survives_a_failing_data_quality_request(server, browser):  # noqa: F811
+    """A run whose data-quality request fails shows "–" for its wrong-label suspects; the
+    other runs and the rest of its row are drawn as usual."""
+    ids = ["beta-s1", "unif-s1"]
+    fail = """
+      const real = window.fetch;
+      window.fetch = (url, ...rest) => String(url).includes('/v1/runs/unif-s1/data-quality')
+        ? Promise.resolve(new Response(JSON.stringify({detail: 'boom'}), {status: 500, headers: {'content-type': 'application/json'}}))
+        : real(url, ...rest);"""
+    script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": fail})
+    try:
+        open_page(browser, server.url + "/ui/compare?refresh=0&runs=" + ",".join(ids))
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+    assert attrs(browser, "#waste tbody tr", "data-run") == ids
+    cell = lambda rid, name: browser.find_element(  # noqa: E731
+        "css selector", f'#waste tr[data-run="{rid}"] td[data-cell="{name}"]').text
+    assert cell("unif-s1", "wrong-label") == "–" and cell("unif-s1", "wrong-label-share") == "–"
+    waste = json.loads(browser.find_element("css selector", '#waste tr[data-run="unif-s1"]').get_attribute("data-waste"))
+    assert waste["wrong_label"] is None and waste["rollouts"] > 0
+    br = sum(i["rollouts"] for i in api(server, "/v1/runs/beta-s1/data-quality", kind="broken", limit=1000)["items"])
+    assert cell("beta-s1", "wrong-label") == f"{br:,}"
+    assert list(series(browser, "chart-effective")["series"]) == ids
     assert_no_console_errors(browser)
 
 

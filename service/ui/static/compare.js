@@ -6,7 +6,8 @@
  * the union of the runs' x values, with null where a run has none (uPlot needs one shared
  * x array). Then: rollouts and tokens to reach a threshold of an eval metric (?metric=,
  * ?threshold=, ?dir=) with the ratio to a baseline run (?baseline=; in tokens when the x
- * axis is tokens, else in rollouts); wasted rollouts and tokens per run; seeds grouped
+ * axis is tokens, else in rollouts); wasted rollouts and tokens per run, with the rollouts
+ * spent on wrong-label suspects (the data-quality view's `broken` prompts); seeds grouped
  * by a metadata key (?group=) into mean ± 1 sd; the runs' headline numbers and per-domain
  * batch shares. A run id that does not exist is named and left out. Every chart keeps the
  * exact series it plots in its container's data-series attribute (lineChart in
@@ -187,9 +188,20 @@
         const [tl, dom, metrics] = await Promise.all([apiAll(base + "/timeline"), apiAll(base + "/domains"),
           apiAll(base + "/metrics?limit=10000")]);
         return { id, run, steps: tl.items, byStep: new Map(tl.items.map(s => [s.step, s])), dom, metrics,
-          shares: domainShares(dom), ax: axes(tl.items, metrics) };
+          shares: domainShares(dom), ax: axes(tl.items, metrics), broken: await brokenRollouts(base) };
       } catch (e) {
         throw new Error(id + ": " + (e.message || e));
+      }
+    }
+
+    /* Rollouts spent on the run's wrong-label suspects: the data-quality view's `broken`
+     * findings (at its default confidence), summed; null where that view cannot be read. */
+    async function brokenRollouts(base) {
+      try {
+        const dq = await apiAll(base + "/data-quality?kind=broken&limit=1000");
+        return { prompts: dq.items.length, rollouts: dq.items.reduce((a, f) => a + f.rollouts, 0) };
+      } catch (e) {
+        return null;
       }
     }
 
@@ -305,11 +317,15 @@
         const share = (v) => (n ? pct(v / n) : "–");
         const hasTok = r.steps.some(s => s.tokens !== null && s.tokens !== undefined);
         const tk = hasTok ? sum("tokens") : null, wt = hasTok ? sum("wasted_tokens") : null;
+        const br = r.broken ? r.broken.rollouts : null;
         return el("tr", { "data-run": r.id, "data-waste": JSON.stringify({ rollouts: n, wasted: w, all_pass: p, all_fail: fl,
-          tokens: tk, wasted_tokens: wt }) },
+          tokens: tk, wasted_tokens: wt, wrong_label: br, wrong_label_prompts: r.broken ? r.broken.prompts : null }) },
           el("td", {}, swatch(r.index), r.id), el("td", {}, fmt(n)), el("td", {}, fmt(w)), el("td", {}, share(w)),
           el("td", {}, fmt(p)), el("td", {}, share(p)), el("td", {}, fmt(fl)), el("td", {}, share(fl)),
-          el("td", {}, fmt(w - p - fl)), el("td", {}, tk === null ? "–" : fmt(tk)), el("td", {}, wt === null ? "–" : fmt(wt)),
+          el("td", {}, fmt(w - p - fl)),
+          el("td", { "data-cell": "wrong-label" }, br === null ? "–" : fmt(br)),
+          el("td", { "data-cell": "wrong-label-share" }, br === null ? "–" : share(br)),
+          el("td", {}, tk === null ? "–" : fmt(tk)), el("td", {}, wt === null ? "–" : fmt(wt)),
           el("td", {}, tk ? pct(wt / tk) : "–"));
       }));
 
@@ -336,7 +352,7 @@
     let drawn = null;
     async function refresh() {
       const all = (await Promise.all(ids.map(load))).map((r, i) => ({ ...r, index: i }));
-      const text = JSON.stringify(all.map(r => r.missing ? [r.id, r.missing] : [r.run, r.steps, r.dom, r.metrics]));
+      const text = JSON.stringify(all.map(r => r.missing ? [r.id, r.missing] : [r.run, r.steps, r.dom, r.metrics, r.broken]));
       if (text === drawn) return;  // nothing new: leave the page as it is
       drawn = text;
       last = all;
