@@ -193,6 +193,7 @@ BENCHMARKS = {
     "scale": "rollplan.benchmarks.scale",
     "quality": "rollplan.benchmarks.quality",
     "cost": "rollplan.benchmarks.cost",
+    "transfer": "rollplan.benchmarks.transfer",
 }
 
 

@@ -194,6 +194,32 @@ def test_quality_smoke(tmp_path):
     assert planted["uniform"]["never_recall"] > 0 and planted["uniform"]["never_precision"] > 0
 
 
+def test_transfer_smoke(tmp_path):
+    """``rollplan bench transfer --smoke``: run A's posterior seeds run B as ``warm_start_from``
+    does; both cases, every arm, a summary row each, and the seeding itself checked."""
+    import numpy as np
+
+    from rollplan.benchmarks import sim, transfer
+
+    res = transfer.main(["--smoke", "--out", str(tmp_path)])
+    assert {(s["case"], s["arm"]) for s in res["summary"]} == {
+        (c, a) for c in ("resumed", "fresh") for a in transfer.ARMS_B}
+    assert (tmp_path / "transfer.json").exists()
+    assert all(r["seen_in_a"] > 0 for r in res["runs"])
+    # The seeding: A's posterior mean and capped mass where A rolled a prompt out, NaN elsewhere.
+    cfg = sim.SimConfig(prompts=2_000, steps=10, batch=32, heldout=100)
+    kept: dict = {}
+    sim.run_arm("default", cfg, target=float("inf"), eval_every=5, final=kept)
+    prior, strength = transfer.warm_priors(kept["pool"], cfg.prompts)
+    seen = kept["pool"].groups[: cfg.prompts] > 0
+    assert np.isfinite(prior[seen]).all() and np.isnan(prior[~seen]).all()
+    assert (strength[seen] <= 20.0).all() and (strength[seen] > 2.0).all()
+    # A warm-started pool carries them as its prompts' client priors.
+    warm = sim.run_arm("default", cfg, target=float("inf"), eval_every=5, warm=(prior, strength), final=kept)
+    assert warm["rollouts"] == 10 * 32 * cfg.rollouts
+    assert np.allclose(kept["pool"].prior_pass_rate[seen], prior[seen])
+
+
 def test_bench_name_help_shows_the_benchmarks_own_options():
     import subprocess
     import sys
