@@ -533,3 +533,98 @@ def test_legend_values_have_at_most_4_significant_digits(live, browser):
     assert cells[0] == f"{data['x'][idx]:,}" and significant_digits(cells[1]) <= 4
     assert float(cells[1]) == pytest.approx(v, rel=5e-4)
     assert_no_console_errors(browser)
+
+
+TIPS = "return Array.from(document.querySelectorAll('.chart'), b => [b.id, !!b.querySelector('.chart-tip:not([hidden])')])"
+
+
+def hover_chart(driver, chart_id, idx):
+    """Move the mouse over a chart's plot area onto data point idx; the cursor's index."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    over = driver.find_element("css selector", f"#{chart_id} .u-over")
+    left = driver.execute_script(
+        "const u = document.getElementById(arguments[0]).uplot; return u.valToPos(u.data[0][arguments[1]], 'x')",
+        chart_id, idx)
+    w = over.size["width"]
+    left = min(max(left, 2), w - 2)  # the first and last points sit on the plot's edges: just inside
+    ActionChains(driver).move_to_element_with_offset(over, int(round(left - w / 2)), 0).perform()
+    get = "return document.getElementById(arguments[0]).uplot.cursor.idx"
+    try:
+        wait(driver, lambda d: d.execute_script(get, chart_id) == idx, 10)
+    except Exception:  # noqa: BLE001  (the caller's assert shows where it went instead)
+        pass
+    return driver.execute_script(get, chart_id)
+
+
+def check_tooltip(driver, chart_id, idx):
+    """The chart's tooltip is shown, inside its box, with the x value and each shown series'
+    value at idx (legend-formatted; none for a null value); no other chart shows its own."""
+    tip = wait(driver, lambda d: d.find_element("css selector", f"#{chart_id} .chart-tip:not([hidden])"), 10)
+    got = driver.execute_script("""
+      const b = document.getElementById(arguments[0]), u = b.uplot, t = b.querySelector('.chart-tip');
+      const i = u.cursor.idx, br = b.getBoundingClientRect(), tr = t.getBoundingClientRect();
+      return {idx: i, dataIdx: t.dataset.idx, x: u.data[0][i], xLabel: u.series[0].label, text: t.innerText,
+        rows: Array.from(t.querySelectorAll('[data-label]'), r => [r.dataset.label, r.textContent]),
+        want: u.series.slice(1).map((s, k) => [s.label, s.show !== false, u.data[k + 1][i]]),
+        inside: tr.left >= br.left - 0.5 && tr.right <= br.right + 0.5 && tr.top >= br.top - 0.5 && tr.bottom <= br.bottom + 0.5,
+        fmt: u.series.slice(1).map((s, k) => RP.legendValue(u, u.data[k + 1][i]))};""", chart_id)
+    assert got["idx"] == idx and got["dataIdx"] == str(idx), got
+    assert tip.text.splitlines()[0] == f"{got['xLabel']} {got['x']:,}", got
+    want = [(label, f"{label}: {f}") for (label, shown, v), f in zip(got["want"], got["fmt"]) if shown and v is not None]
+    assert [tuple(r) for r in got["rows"]] == want, got
+    assert got["inside"], got
+    others = [cid for cid, shown in driver.execute_script(TIPS) if shown and cid != chart_id]
+    assert not others, others
+    return got
+
+
+def test_line_charts_have_a_floating_tooltip(live, browser):
+    server, sim = live
+    browser.set_window_size(1400, 1000)
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    for cid in LINE_CHARTS:  # one tooltip element per chart, hidden until hovered
+        assert browser.execute_script(
+            "return document.querySelectorAll('#' + arguments[0] + ' .chart-tip[hidden]').length", cid) == 1, cid
+    data = series(browser, "chart-reward")
+    idx = len(data["x"]) // 2
+    assert hover_chart(browser, "chart-reward", idx) == idx
+    got = check_tooltip(browser, "chart-reward", idx)
+    # not smoothed: the values shown are the chart's data at that step
+    for label, text in got["rows"]:
+        v = data["series"][label][idx]
+        assert float(text.split(": ")[1].replace(",", "")) == pytest.approx(v, rel=5e-4, abs=1e-12), (label, text, v)
+    assert any(data["series"][k][idx] is not None for k in data["series"]) and got["rows"]
+    # the cursors of the other charts still follow (synced), without their tooltips
+    cursors = browser.execute_script("return Array.from(document.querySelectorAll('.chart'), b => b.uplot.cursor.idx)")
+    assert set(cursors) == {idx}, cursors
+    # near the right edge the tooltip stays inside the chart's box
+    last = len(data["x"]) - 1
+    assert hover_chart(browser, "chart-reward", last) == last
+    check_tooltip(browser, "chart-reward", last)
+    # another chart: its tooltip, and the first one's hides
+    assert hover_chart(browser, "chart-states", 1) == 1
+    check_tooltip(browser, "chart-states", 1)
+    # leaving the plot hides it
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).move_to_element(browser.find_element("css selector", "header")).perform()
+    wait(browser, lambda d: not any(shown for _, shown in d.execute_script(TIPS)), 10)
+    # a series hidden from the legend is left out
+    browser.find_element("css selector", "#chart-reward .u-legend .u-series:nth-child(2)").click()
+    assert hover_chart(browser, "chart-reward", idx) == idx
+    got = check_tooltip(browser, "chart-reward", idx)
+    assert got["want"][0][1] is False and got["want"][0][0] not in [r[0] for r in got["rows"]]
+    assert_no_console_errors(browser)
+
+    # the compare page's charts have it too
+    open_page(browser, server.url + f"/ui/compare?refresh=0&runs={sim.run_id}")
+    data = series(browser, "chart-effective")
+    idx = len(data["x"]) // 2
+    assert hover_chart(browser, "chart-effective", idx) == idx
+    got = check_tooltip(browser, "chart-effective", idx)
+    v = data["series"][sim.run_id][idx]
+    assert got["rows"] and float(got["rows"][0][1].split(": ")[1].replace(",", "")) == pytest.approx(v, rel=5e-4)
+    ActionChains(browser).move_to_element(browser.find_element("css selector", "header")).perform()
+    wait(browser, lambda d: not any(shown for _, shown in d.execute_script(TIPS)), 10)
+    assert_no_console_errors(browser)

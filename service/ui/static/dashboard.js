@@ -285,6 +285,53 @@ const RP = (() => {
     rerenderAll();
   }
 
+  /* A line chart's floating tooltip (a uPlot plugin; one element per chart, inside its
+   * container box): while the mouse is over this chart's plot area it shows the x value and
+   * each shown series' label and value at the cursor's index (legendValue; series without a
+   * value there are left out), next to the cursor and kept inside the box. The cursors of the
+   * other charts follow through the cursor sync but only the chart under the mouse shows it. */
+  function tooltipPlugin(box, xLabel) {
+    let tip = null, over = false;
+    const hide = () => { if (tip) tip.hidden = true; };
+    function show(u) {
+      const { left, top, idx } = u.cursor;
+      if (!over || idx === null || idx === undefined || left === undefined || left < 0 || top < 0) return hide();
+      const rows = [el("div", { class: "chart-tip-x" }, xLabel + " " + legendValue(u, u.data[0][idx]))];
+      for (let i = 1; i < u.series.length; i++) {
+        const s = u.series[i], v = u.data[i] ? u.data[i][idx] : null;
+        if (s.show === false || v === null || v === undefined) continue;
+        const c = typeof s.stroke === "function" ? s.stroke(u, i) : s.stroke;
+        rows.push(el("div", { "data-label": s.label },
+          el("span", { class: "swatch", style: "background:" + c }), s.label + ": " + legendValue(u, v)));
+      }
+      tip.replaceChildren(...rows);
+      tip.setAttribute("data-idx", String(idx));
+      tip.setAttribute("data-x", String(u.data[0][idx]));
+      tip.hidden = false;
+      const ob = u.over.getBoundingClientRect(), bb = box.getBoundingClientRect();
+      const mx = ob.left - bb.left - box.clientLeft + left, my = ob.top - bb.top - box.clientTop + top;
+      const tw = tip.offsetWidth, th = tip.offsetHeight, W = box.clientWidth, H = box.clientHeight;
+      let tx = mx + 14;
+      if (tx + tw > W) tx = mx - 14 - tw; // no room on the right: on the cursor's left
+      let ty = my + 14;
+      if (ty + th > H) ty = my - 14 - th;
+      tip.style.left = Math.max(0, Math.min(W - tw, tx)) + "px";
+      tip.style.top = Math.max(0, Math.min(H - th, ty)) + "px";
+    }
+    return {
+      hooks: {
+        init: [(u) => {
+          tip = el("div", { class: "chart-tip", hidden: true });
+          box.append(tip);
+          u.over.addEventListener("mouseenter", () => { over = true; });
+          u.over.addEventListener("mouseleave", () => { over = false; hide(); });
+        }],
+        setCursor: [(u) => show(u)],
+        destroy: [() => { if (tip) tip.remove(); tip = null; }],
+      },
+    };
+  }
+
   function lineChart(id, x, series, opts = {}) {
     const box = document.getElementById(id);
     if (!box) return;
@@ -362,6 +409,7 @@ const RP = (() => {
         paths: s.points === "only" ? () => null : undefined,
         spanGaps: true,
       }))],
+      plugins: [tooltipPlugin(box, xLabel)],
       hooks: {
         setScale: [(u, key) => { if (key === "x") onScale(id, u); }],
         drawClear: [(u) => drawRaw(id, u)],
