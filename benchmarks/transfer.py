@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..service.prompts import WARM_START_MAX_STRENGTH
+from ..service.prompts import warm_start_seed
 from . import sim
 from .suite import WORLDS
 
@@ -45,12 +45,11 @@ def warm_priors(pool, n: int, strategy=None) -> tuple[np.ndarray, np.ndarray]:
     """(prior pass rate, strength) as ``warm_start_from`` seeds them from run A's pool: its
     Beta posterior's mean (with ``strategy``: that strategy's prediction instead) and mass
     (capped) for the prompts it rolled out, NaN elsewhere."""
-    o = np.arange(n)
-    a, b = pool.posterior(o)
-    seen = pool.groups[:n] > 0
-    p = a / (a + b) if strategy is None else strategy.predict(pool, o, pool.step + 1)
-    prior = np.where(seen, np.clip(p, _MIN_RATE, 1.0 - _MIN_RATE), np.nan)
-    strength = np.where(seen, np.minimum(a + b, WARM_START_MAX_STRENGTH), np.nan)
+    seen = np.flatnonzero(pool.groups[:n] > 0)
+    prior, strength = np.full(n, np.nan), np.full(n, np.nan)
+    prior[seen], strength[seen] = warm_start_seed(pool, seen)
+    if strategy is not None:
+        prior[seen] = np.clip(strategy.predict(pool, seen, pool.step + 1), _MIN_RATE, 1.0 - _MIN_RATE)
     return prior, strength
 
 

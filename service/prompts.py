@@ -17,12 +17,22 @@ from .inspection import STATES, state_codes
 from .log.events import PromptsEvent
 from .log.state import RunState
 from .runs import Runs
+from .scheduling.pool import PoolState
 from .storage import repository as repo
 from .storage.db import write_session
 from .storage.models import Prompt, Run
 from .store import StateStore
 
 WARM_START_MAX_STRENGTH = 20.0
+
+
+def warm_start_seed(pool: PoolState, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(prior pass rate, strength) ``warm_start_from`` gives the source pool's prompts ``o``
+    (rolled out there): their Beta posterior's mean and its mass α+β, capped."""
+    a, b = pool.posterior(o)
+    return a / (a + b), np.minimum(a + b, WARM_START_MAX_STRENGTH)
+
+
 # The fields whose change is an event of the log (the fold reads them).
 SCHED = frozenset({"domain", "prior_pass_rate", "prior_strength", "text", "embedding"})
 NEW_FIELDS = ("domain", "tags", "prior_pass_rate", "text", "embedding")
@@ -158,10 +168,7 @@ class Prompts:
             o = src.lookup([ids[i] for i in todo.tolist()])
             known = np.flatnonzero(o >= 0)
             known = known[pool.groups[o[known]] > 0]
-            a, b = pool.posterior(o[known])
-        at = todo[known]
-        priors[at] = a / (a + b)
-        strengths[at] = np.minimum(a + b, WARM_START_MAX_STRENGTH)
+            priors[todo[known]], strengths[todo[known]] = warm_start_seed(pool, o[known])
 
     # -- reads --------------------------------------------------------------------------
     def prompt_rows(self, state: RunState, rows: list[Prompt]) -> list[dict[str, Any]]:

@@ -190,6 +190,12 @@ def _as_vector(e: Any) -> np.ndarray | None:
     return v if v.size and np.isfinite(v).all() else None
 
 
+def _linear(X: csr_matrix, D: np.ndarray, coefs: np.ndarray) -> np.ndarray:
+    """Each row of ``coefs`` (sparse part, then dense) applied to the rows of (X, D): one
+    column per coefficient vector (matrix-vector products, as the difficulty fit's)."""
+    return np.stack([X @ b[:DIM] + D @ b[DIM:] for b in coefs], axis=1)
+
+
 def _holdout(o: np.ndarray) -> np.ndarray:
     """One prompt in ten, by a hash of its ordinal (the same on every replica)."""
     h = (o.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
@@ -240,8 +246,9 @@ class TextPrior:
             return
         X, Dn = text.matrix(seen)
         D1 = np.c_[Dn, np.ones(seen.size)]
-        coef = self._solve(X[tr], D1[tr], w[tr], y[tr], self.coef_)
-        err = (X[held] @ coef[:DIM] + D1[held] @ coef[DIM:]) - y[held]
+        Xt, Dt, Xh, Dh = X[tr], D1[tr], X[held], D1[held]
+        coef = self._solve(Xt, Dt, w[tr], y[tr], self.coef_)
+        err = _linear(Xh, Dh, coef[None])[:, 0] - y[held]
         wh = w[held]
         # The weighted squared error less the targets' own posterior variance.
         self.var = float(max(np.sum(wh * (err**2 - noise[held])) / max(wh.sum(), 1e-12), 0.05))
@@ -252,15 +259,11 @@ class TextPrior:
             return
         r = np.asarray(classes, np.float64)[keep][has]
         ones = np.ones(int(tr.sum()))
-        for c in range(2):
-            prev = None if self.class_coef_ is None else self.class_coef_[c]
-            b = self._solve(X[tr], D1[tr], ones, r[tr, c], prev)
-            e = (X[held] @ b[:DIM] + D1[held] @ b[DIM:]) - r[held, c]
-            if self.class_coef_ is None:
-                self.class_coef_ = np.zeros((2, b.size))
-            self.class_coef_[c] = b
-            # In use while its held-out Brier is below the domain's share's (a residual of 0).
-            self.class_useful[c] = bool(np.mean(e**2) < np.mean(r[held, c] ** 2))
+        prev = self.class_coef_ if self.class_coef_ is not None else [None, None]
+        self.class_coef_ = np.stack([self._solve(Xt, Dt, ones, r[tr, c], prev[c]) for c in range(2)])
+        e = _linear(Xh, Dh, self.class_coef_) - r[held]
+        # Each in use while its held-out Brier is below the domain's share's (a residual of 0).
+        self.class_useful = np.mean(e**2, axis=0) < np.mean(r[held] ** 2, axis=0)
 
     def _solve(self, X: csr_matrix, D: np.ndarray, w: np.ndarray, y: np.ndarray, x0: np.ndarray | None) -> np.ndarray:
         """Weighted ridge by conjugate gradients: (XᵀWX + λI)β = XᵀWy over the sparse and
@@ -281,23 +284,20 @@ class TextPrior:
         """(relative easiness, variance, P(stuck) residual, P(solved) residual) of prompts
         ``o``: NaN where the prompt has no features, a residual NaN where that class's fit
         is not in use; None while neither fit is."""
-        cls = self.class_coef_ is not None and bool(self.class_useful.any())
-        if not cls and (not self.useful or self.coef_ is None):
+        cls = self.class_coef_ if self.class_useful.any() else None
+        diff = self.coef_ if self.useful else None
+        if cls is None and diff is None:
             return None
         has = text.has(o)
         X, Dn = text.matrix(o)
         D1 = np.c_[Dn, np.ones(o.size)]
         nan = np.full(o.size, np.nan)
-        if self.useful and self.coef_ is not None:
-            r = np.where(has, X @ self.coef_[:DIM] + D1 @ self.coef_[DIM:], np.nan)
+        r, v = nan, nan
+        if diff is not None:
+            r = np.where(has, _linear(X, D1, diff[None])[:, 0], np.nan)
             v = np.where(has, self.var, np.nan)
-        else:
-            r, v = nan, nan
-        out = [r, v]
-        for c in range(2):
-            if cls and self.class_useful[c] and self.class_coef_ is not None:
-                b = self.class_coef_[c]
-                out.append(np.where(has, X @ b[:DIM] + D1 @ b[DIM:], np.nan))
-            else:
-                out.append(nan)
-        return tuple(out)
+        rs, rv = nan, nan
+        if cls is not None:
+            c = np.where(has[:, None] & self.class_useful[None, :], _linear(X, D1, cls), np.nan)
+            rs, rv = c[:, 0], c[:, 1]
+        return r, v, rs, rv
