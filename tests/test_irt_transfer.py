@@ -55,3 +55,49 @@ def test_an_update_lands_at_the_prompts_own_logit():
     x_after = _logit(m, 0, step=2)
     # Another all-fail group can only lower it, from where it was (not from the level's logit).
     assert x_after < x_before
+
+
+def _pool_with_prior(prior: float):
+    """``default``'s pool of 60 prompts in one domain, prompt 0 with a client prior."""
+    from rollplan.service.scheduling import strategies as strat
+    from rollplan.service.scheduling.pool import Observations
+
+    pool = strat.build("default", {}).make_pool()
+    priors = np.full(60, np.nan)
+    priors[0] = prior
+    pool.set_prompts(np.arange(60), np.zeros(60, np.int32), priors)
+
+    def improve(steps):  # the domain's other prompts pass 7 of 8: its skill rises
+        o = np.arange(1, 41)
+        for step in steps:
+            k = np.full(40, 7.0)
+            pool.observe(Observations(o, np.full(40, 8), k, np.full(40, step, np.int64), np.ones(40, bool),
+                                      np.full(40, 0.66), np.zeros(40, np.int64)))
+
+    return pool, pool.trackers["skill"], improve
+
+
+def test_a_client_prior_is_the_pass_rate_at_the_skill_it_was_given_at():
+    """A prior pass rate (an offline eval, an earlier run's evidence) was measured on the
+    policy of its time: as the domain's skill rises the never-seen prompt rises with it,
+    keeping its place among its domain's prompts (it is not held at p₀ whatever the
+    policy learns); sent again unchanged it keeps its anchor, changed it is re-anchored."""
+    pool, tr, improve = _pool_with_prior(0.2)
+    x = lambda step: float(tr.logit(pool, np.array([0]), step)[0][0])  # noqa: E731
+    lg = lambda p: float(np.log(p / (1 - p)))  # noqa: E731
+    x0 = x(0)
+    assert abs(x0 - lg(0.2)) < 1e-6  # at the start: its prior's logit (the level's skill is 0)
+    p0 = float(tr.predict(pool, np.array([0]), 0)[0])
+    improve(range(1, 6))
+    gain = tr.model.skill_now()[0]
+    assert gain > 0.3
+    # It moved with the level, by the level's gain (no evidence of its own).
+    assert abs((x(6) - x0) - gain) < 1e-6
+    p1 = float(tr.predict(pool, np.array([0]), 6)[0])
+    assert p1 > p0 + 0.05
+    # Registered again with the same prior (a trainer's restart): the same prediction.
+    pool.set_prompts(np.array([0]), np.zeros(1, np.int32), np.full(1, 0.2))
+    assert float(tr.predict(pool, np.array([0]), 6)[0]) == p1
+    # A new prior is a pass rate of the policy of now.
+    pool.set_prompts(np.array([0]), np.zeros(1, np.int32), np.full(1, 0.3))
+    assert abs(x(6) - lg(0.3)) < 1e-6

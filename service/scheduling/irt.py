@@ -123,6 +123,9 @@ class SkillDifficultyModel:
         self.q_solved_ = np.zeros(0, np.float32)
         # Per-domain sums over seen prompts: count, ΣP(stuck), ΣP(solved).
         self.lat_ = np.zeros((1, 3))
+        # The domain's skill when a prompt's client prior was given (NaN: none); created at
+        # the first prior, so a pool without priors keeps no such column.
+        self.prior_anchor_: np.ndarray | None = None
 
     def grow(self, size: int, n_domains: int) -> None:
         self.mu_ = grow(self.mu_, size, 0.0)
@@ -133,6 +136,8 @@ class SkillDifficultyModel:
         if self.latent:
             self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
             self.q_solved_ = grow(self.q_solved_, size, 0.0)
+        if self.prior_anchor_ is not None:
+            self.prior_anchor_ = grow(self.prior_anchor_, size, np.nan)
         if n_domains > self.theta_.shape[0]:
             k = n_domains - self.theta_.shape[0]
             self.theta_ = np.r_[self.theta_, np.zeros(k)]
@@ -152,6 +157,28 @@ class SkillDifficultyModel:
         return self.theta_ + self.skill_share * (self.gain_[0] - self.gain_seen_)
 
     # -- the prior of an unseen prompt ------------------------------------------------
+    def anchor_priors(self, o: np.ndarray, d: np.ndarray, given: np.ndarray) -> None:
+        """Client priors were given (``given``) or withdrawn for prompts ``o`` of domains
+        ``d``: each is a pass rate at the policy of now, so it is anchored to its domain's
+        skill now, and the prompt then moves with its domain (``anchored_prior_logit``)."""
+        if self.prior_anchor_ is None:
+            if not given.any():
+                return
+            self.prior_anchor_ = np.full(self.mu_.shape[0], np.nan, np.float32)
+        self.prior_anchor_[o] = np.where(given, self.skill_now()[d], np.nan)
+
+    def anchored_prior_logit(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray) -> np.ndarray:
+        """The client prior's logit at the skill of now: logit(p₀) plus the domain's skill
+        gain since p₀ was given, so that ``_prior_belief``'s difficulty θ_d − that is the
+        difficulty the prior had when it was given (θ_d then − logit p₀). A prior measured on
+        an earlier policy (an offline pass rate, an earlier run's evidence) then keeps its
+        place among its domain's prompts as the skill moves, rather than holding the prompt
+        at p₀ whatever the policy learns."""
+        if self.prior_anchor_ is None:
+            return prior_logit
+        gain = self.skill_now()[d] - self.prior_anchor_[o].astype(np.float64)
+        return prior_logit + np.where(np.isnan(gain), 0.0, gain)
+
     def domain_difficulty(self) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of seen difficulties per domain; the prior of unseen prompts."""
         cnt = self.dom_[:, 0]

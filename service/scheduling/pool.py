@@ -265,7 +265,19 @@ class PoolState:
         for t in self.trackers.values():
             if hasattr(t, "move_domain"):
                 t.move_domain(o, old_domain, self._domain[o])
+        before = self.prior_pass_rate[o] if self._prior is not None else None
         self._prior = self._sparse_set(self._prior, o, prior)
+        if self._prior is not None:
+            # Priors given, changed or withdrawn (or moved to another domain): the trackers
+            # anchor them at the skill of now; a prior sent again unchanged keeps its anchor.
+            after = self._prior[o]
+            same = np.isnan(after) if before is None else (before == after) | (np.isnan(before) & np.isnan(after))
+            changed = ~same | (self._domain[o] != old_domain)
+            if changed.any():
+                oc = o[changed]
+                for t in self.trackers.values():
+                    if hasattr(t, "set_priors"):
+                        t.set_priors(oc, self._domain[oc], ~np.isnan(self._prior[oc]))
         if prior_strength is not None:
             self._prior_strength = self._sparse_set(self._prior_strength, o, prior_strength)
 

@@ -39,6 +39,14 @@ class SkillTracker:
     def move_domain(self, o, old_d, new_d) -> None:
         self.model.move_domain(o, old_d, new_d)
 
+    def set_priors(self, o: np.ndarray, d: np.ndarray, given: np.ndarray) -> None:
+        self.model.anchor_priors(o, d, given)
+
+    def _prior_logit(self, pool: PoolState, o: np.ndarray) -> np.ndarray:
+        """The client priors of prompts ``o`` as logits at the skill of now."""
+        d = pool.domain[o]
+        return self.model.anchored_prior_logit(o, d, prior_logit(np.asarray(pool.prior_pass_rate[o], np.float64)))
+
     def observe(self, pool: PoolState, obs: Observations) -> None:
         o = obs.ordinals
         w = _staleness_weight(pool, obs)
@@ -48,7 +56,7 @@ class SkillTracker:
             w * obs.n,
             w * obs.successes,
             obs.step,
-            prior_logit(np.asarray(pool.prior_pass_rate[o], np.float64)),
+            self._prior_logit(pool, o),
             self._pred(pool, o),
         )
         step = int(obs.step.max())
@@ -85,7 +93,7 @@ class SkillTracker:
         return {
             "o": idx,
             "d": pool.domain[idx],
-            "prior_logit": prior_logit(np.asarray(pool.prior_pass_rate[idx], np.float64)),
+            "prior_logit": self._prior_logit(pool, idx),
             "pred": self._pred(pool, idx),
         }
 
