@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
 from rollplan.service.log.prompt_ids import PromptIds
@@ -27,6 +29,23 @@ def test_lookup_matches_a_dict_with_collisions(hash32):
     q = rng.sample(ids, 400) + ["nope", "p/1x", "p/12", "p/3000", "", "é"] + rng.sample(ids, 50)
     assert p.lookup(q).tolist() == [index.get(x, -1) for x in q]
     assert p.lookup([]).dtype == np.int64 and p.lookup(["missing"]).tolist() == [-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(max_size=6), min_size=0, max_size=40),
+    st.lists(st.integers(0, 10_000), max_size=60),
+)
+def test_take_is_the_ids_at_the_ordinals(ids, picks):
+    """``take`` (one gather, one decode) gives what reading each id alone gives, any ids
+    (empty, non-ASCII, with a newline in them: the one-at-a-time path), any order, repeats."""
+    p = PromptIds()
+    p.append(ids)
+    o = [i % len(ids) for i in picks] if ids else []
+    assert p.take(o) == [ids[i] for i in o] == [p[i] for i in o]
+    if ids:
+        with pytest.raises(IndexError):
+            p.take([len(ids)])
 
 
 def test_literal_quotes():
