@@ -42,21 +42,21 @@ class SkillTracker:
     def set_priors(self, o: np.ndarray, d: np.ndarray, given: np.ndarray) -> None:
         self.model.anchor_priors(o, d, given)
 
-    def _prior_logit(self, pool: PoolState, o: np.ndarray) -> np.ndarray:
-        """The client priors of prompts ``o`` as logits at the skill of now."""
-        d = pool.domain[o]
+    def _prior_logit(self, pool: PoolState, o: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """The client priors of prompts ``o`` (of domains ``d``) as logits at the skill of now."""
         return self.model.anchored_prior_logit(o, d, prior_logit(np.asarray(pool.prior_pass_rate[o], np.float64)))
 
     def observe(self, pool: PoolState, obs: Observations) -> None:
         o = obs.ordinals
+        d = pool.domain[o]
         w = _staleness_weight(pool, obs)
         self.model.observe(
             o,
-            pool.domain[o],
+            d,
             w * obs.n,
             w * obs.successes,
             obs.step,
-            self._prior_logit(pool, o),
+            self._prior_logit(pool, o, d),
             self._pred(pool, o),
         )
         step = int(obs.step.max())
@@ -90,10 +90,11 @@ class SkillTracker:
 
     def _prompts(self, pool: PoolState, idx: np.ndarray) -> dict:
         """What the model reads of prompts ``idx`` besides its own state."""
+        d = pool.domain[idx]
         return {
             "o": idx,
-            "d": pool.domain[idx],
-            "prior_logit": self._prior_logit(pool, idx),
+            "d": d,
+            "prior_logit": self._prior_logit(pool, idx, d),
             "pred": self._pred(pool, idx),
         }
 
