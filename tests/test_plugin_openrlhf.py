@@ -231,3 +231,110 @@ def test_prompt_loader_asks_for_hints_and_counts_them_unused(server_factory, tmp
     fig = sched.figures()
     assert fig["rollplan/hints_unused"] == hinted and fig["rollplan/hints_applied"] == 0
     sched.close(timeout=10)
+
+
+GPU_ONLY = ("flash_attn", "deepspeed", "vllm")
+
+
+@pytest.fixture
+def openrlhf_trainer_module():
+    """OpenRLHF's real ``ppo_trainer`` module, imported with flash-attn, DeepSpeed and vLLM
+    (GPU-only: they do not install here) stood in by empty modules at import. Nothing of
+    theirs runs in the paths tested (evaluation metrics and logging); the stand-ins and every
+    module imported with them are removed afterwards."""
+    import importlib
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    class _Empty(importlib.abc.Loader):
+        def create_module(self, spec):
+            mod = types.ModuleType(spec.name)
+            mod.__path__ = []
+            mod.__getattr__ = lambda name: type(name, (), {})  # any name it imports: a bare class
+            return mod
+
+        def exec_module(self, module):
+            pass
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in GPU_ONLY:
+                return importlib.machinery.ModuleSpec(name, _Empty(), is_package=True)
+            return None
+
+    before = set(sys.modules)
+    finder = _Finder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield importlib.import_module("openrlhf.trainer.ppo_trainer")
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in (*GPU_ONLY, "openrlhf"):
+                del sys.modules[name]
+
+
+def _tensorboard_events(logdir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, list[str]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    texts = {t: [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(t)] for t in acc.Tags()["tensors"]}
+    return scalars, texts
+
+
+def test_trainer_evaluate_and_logs_reach_the_run_and_tensorboard(server_factory, tmp_path, openrlhf_trainer_module):
+    """The launcher's trainer class over OpenRLHF's real ``PPOTrainer``: its ``evaluate``
+    (OpenRLHF's ``compute_eval_metrics`` over the eval samples) sends the metrics to the run
+    as ``eval/...`` at the global step and still logs them to TensorBoard; its
+    ``save_logs_and_checkpoints`` logs the ``rollplan/...`` figures with the trainer's own
+    (OpenRLHF's ``TensorboardLogger``) and the run page's address once."""
+    import torch
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.utils.logging_utils import TensorboardLogger
+
+    from rollplan.plugins.core import RollplanScheduler
+    from rollplan.plugins.openrlhf import rollplan_trainer_class
+
+    srv = server_factory().start()
+    sched = RollplanScheduler("orl-eval", [f"q/{i}" for i in range(4)], url=srv.url, rollouts_per_prompt=2,
+                              spool_dir=tmp_path / "spool", reporter="test")
+    sched.attach()
+    cls = rollplan_trainer_class().__ray_actor_class__
+    assert issubclass(cls, openrlhf_trainer_module.PPOTrainer.__ray_actor_class__)
+    trainer = cls.__new__(cls)  # OpenRLHF's __init__ builds Ray actor groups on GPUs
+    args = types.SimpleNamespace(
+        logger=types.SimpleNamespace(logging_steps=1, tensorboard_dir=str(tmp_path / "tb"),
+                                     wandb=types.SimpleNamespace(key=None, run_name="run")),
+        ckpt=types.SimpleNamespace(save_steps=10**9))
+    trainer.args, trainer.rollplan, trainer.wandb_logger = args, sched, None
+    trainer.tensorboard_logger = TensorboardLogger(args)
+    trainer.eval_dataloader = [(["math", "math"], ["a", "b"], ["1", "0"], [None, None])]
+    rewards = {"a": [1.0, 0.0], "b": [0.0, 0.0]}
+    trainer.samples_generator = types.SimpleNamespace(generate_eval_samples=lambda **kw: [
+        Experience(prompts=[p], rewards=torch.tensor([r]), response_length=torch.tensor([10.0]),
+                   truncated=torch.tensor([False]))
+        for p, rs in rewards.items() for r in rs])
+
+    logs = trainer.evaluate(5, n_samples_per_prompt=2)
+    assert logs["eval_math_pass1"] == pytest.approx(0.25) and logs["eval_math_pass2"] == pytest.approx(0.5)
+    sched.report(5, [("q/0", [1.0, 0.0]), ("q/1", [0.0, 0.0])])
+    assert sched.flush(timeout=30) == 0
+    trainer.save_logs_and_checkpoints(5, {"policy_loss": 0.5})
+    trainer.save_logs_and_checkpoints(6, {"policy_loss": 0.4})
+    trainer.tensorboard_logger.close()
+
+    with Client(srv.url) as rp:
+        got = list(rp.list_metrics("orl-eval"))
+    assert [(m["step"], m["values"]) for m in got] == [(5, {f"eval/{k}": pytest.approx(v) for k, v in logs.items()})]
+    scalars, texts = _tensorboard_events(tmp_path / "tb" / "run")
+    assert scalars["eval/eval_math_pass1"] == [(5, pytest.approx(0.25))]
+    assert [s for s, _ in scalars["train/policy_loss"]] == [5, 6]
+    figures = sched.figures()
+    assert figures and all(k.startswith("rollplan/") for k in figures)
+    for key in figures:
+        assert [s for s, _ in scalars[f"train/{key}"]] == [5, 6]
+    assert texts["rollplan/run_page/text_summary"] == [sched.run_url], texts
+    sched.close()

@@ -363,3 +363,31 @@ def test_validation_metrics_logged_by_verl_reach_the_run(server_factory, tmp_pat
     assert [(m["step"], m["values"]) for m in got] == [
         (7, {"val-aux/num_turns/min": 1.0, "val-core/openai/gsm8k/reward/mean@4": 0.25})]
     sched.close()
+
+
+def test_run_page_goes_into_the_wandb_config_at_the_first_log(server_factory, tmp_path, monkeypatch):
+    """With verl's ``wandb`` backend (a real W&B run, offline), the first ``Tracking.log``
+    after the forwarding is set up puts the run page's address in the W&B run's config."""
+    wandb = require("wandb", "verl")  # a dependency of verl
+    from verl.utils.tracking import Tracking
+
+    from rollplan.plugins import verl as verl_plugin
+    from rollplan.plugins.core import RollplanScheduler
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setitem(verl_plugin._FORWARDING, "linked", False)
+    srv = server_factory().start()
+    sched = RollplanScheduler("verl-wandb", ["p0", "p1"], url=srv.url, spool_dir=tmp_path / "spool")
+    sched.attach()
+    verl_plugin.forward_validation_metrics(lambda: sched)
+    tracker = Tracking("rollplan-test", "wandb-link", default_backend=["wandb"])
+    try:
+        assert "rollplan_run_page" not in wandb.run.config
+        tracker.log({"actor/loss": 0.5}, step=1)
+        assert wandb.run.config["rollplan_run_page"] == sched.run_url == f"{srv.url}/ui/runs/verl-wandb"
+        assert verl_plugin._FORWARDING["linked"] is True
+    finally:
+        wandb.finish()
+        sched.close()

@@ -64,6 +64,24 @@ __all__ = [
 
 logger = logging.getLogger("rollplan.plugins")
 
+
+def link_run_page_in_wandb(url: str) -> bool:
+    """Put the run page's address in the current W&B run's config (``rollplan_run_page``),
+    where the trainer logs to W&B; False when there is no W&B run in this process. Never
+    imports wandb itself (a trainer that uses it has imported it) and never raises."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return False
+    try:
+        wandb.run.config.update({"rollplan_run_page": url}, allow_val_change=True)
+    except Exception:  # noqa: BLE001 - optional
+        logger.debug("Rollplan: could not put the run page in the W&B config", exc_info=True)
+        return False
+    return True
+
+
 # What the service accepts as a metric name (``POST .../metrics``); other characters become "_".
 _METRIC_BAD = re.compile(r"[^A-Za-z0-9_.:/@+=%()\[\]-]")
 FIGURE_PREFIX = "rollplan/"

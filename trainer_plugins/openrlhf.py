@@ -37,7 +37,8 @@ its URL to the actors of the node.
 Several processes: the prompt loader lives in the one trainer actor (OpenRLHF's
 single controller), so one process plans (its logs get ``rollplan/plan_latency_ms`` and
 ``rollplan/fallback_plans``; the reward figures are counted by the reporting engines, not
-here) and OpenRLHF's ``evaluate`` metrics go to the run as ``eval/...`` metrics; the reward module runs inside every vLLM
+here) and OpenRLHF's ``evaluate`` metrics go to the run as ``eval/...`` metrics (the run
+page's address goes to its W&B config and TensorBoard at the first log); the reward module runs inside every vLLM
 engine actor and reports each prompt's group once its n samples are in (a group is
 scored in one engine). Policy version -> report step: a label carries the step of the
 plan it was drawn for, and the reward module reports under that step. In async mode
@@ -59,7 +60,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler
+from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler, link_run_page_in_wandb
 from rollplan.plugins.embedded import resolve_url, service_url
 from rollplan.plugins.openrlhf_reward import decode_label, encode_label
 
@@ -206,12 +207,30 @@ def rollplan_trainer_class() -> Any:
             return logs
 
         def save_logs_and_checkpoints(self, global_step: int, logs_dict: Any = None, client_states: Any = None) -> None:
-            """OpenRLHF's, with Rollplan's figures (``rollplan/...``) in the logged dict."""
+            """OpenRLHF's, with Rollplan's figures (``rollplan/...``) in the logged dict; at the
+            first call the run page's address goes to the loggers (W&B config, TensorBoard text)."""
+            if not getattr(self, "_rollplan_linked", False):
+                self._rollplan_linked = True
+                _link_run_page(self, global_step)
             logs_dict = {**(logs_dict or {}), **self.rollplan.figures()}
             return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     RollplanPPOTrainer.__name__ = RollplanPPOTrainer.__qualname__ = "RollplanPPOTrainer"
     return ray.remote(RollplanPPOTrainer)
+
+
+def _link_run_page(trainer: Any, global_step: int) -> None:
+    """The run page's address where the OpenRLHF trainer logs: the W&B run's config
+    (``rollplan_run_page``) and a TensorBoard text (``rollplan/run_page``)."""
+    url = trainer.rollplan.run_url
+    if getattr(trainer, "wandb_logger", None) is not None:
+        link_run_page_in_wandb(url)
+    board = getattr(trainer, "tensorboard_logger", None)
+    if board is not None:
+        try:
+            board.writer.add_text("rollplan/run_page", url, global_step)
+        except Exception:  # noqa: BLE001 - optional
+            logger.debug("Rollplan: could not write the run page to TensorBoard", exc_info=True)
 
 
 def _split_argv(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:

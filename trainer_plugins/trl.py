@@ -118,7 +118,7 @@ import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .core import LocalPlan, PromptIds, RollplanScheduler, projection
+from .core import LocalPlan, PromptIds, RollplanScheduler, link_run_page_in_wandb, projection
 from .embedded import EmbeddedServer, resolve_url, start_embedded
 
 __all__ = ["RollplanGRPOTrainer", "RollplanSampler", "StepTaggedDataset"]
@@ -152,15 +152,8 @@ def _broadcast_from_main(obj: Any) -> Any:
 
 def _link_in_wandb(args: Any, url: str) -> None:
     """The run page's address in the W&B run's config, when the trainer reports to W&B."""
-    if "wandb" not in (getattr(args, "report_to", None) or []):
-        return
-    try:
-        import wandb
-
-        if wandb.run is not None:
-            wandb.run.config.update({"rollplan_run_page": url}, allow_val_change=True)
-    except Exception:  # noqa: BLE001 - optional
-        logger.debug("Rollplan: could not put the run page in the W&B config", exc_info=True)
+    if "wandb" in (getattr(args, "report_to", None) or []):
+        link_run_page_in_wandb(url)
 
 
 class RollplanSampler(_TorchSampler):

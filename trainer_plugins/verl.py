@@ -52,7 +52,9 @@ backends: console, W&B, TensorBoard ...). verl's validation metrics (``val-core/
 ``val-aux/...``, logged by the trainer's ``Tracking.log``, which a custom class cannot reach
 otherwise) are sent to the run (``POST .../metrics``) at the trainer's global step: the
 replay buffer wraps ``verl.utils.tracking.Tracking.log`` once, in the driver process, to
-forward those keys and hand everything to the backends unchanged.
+forward those keys and hand everything to the backends unchanged; with the ``wandb``
+backend the run page's address goes into the W&B run's config (``rollplan_run_page``)
+at the first log.
 
 Several ranks: verl is single-controller. The driver process alone holds the dataset
 (it chooses the prompts) and the replay buffer (it reads the rewards back from
@@ -73,7 +75,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler, shared_scheduler
+from rollplan.plugins.core import LocalPlan, PromptIds, RollplanScheduler, link_run_page_in_wandb, shared_scheduler
 from rollplan.plugins.embedded import service_url
 
 try:
@@ -342,6 +344,8 @@ def forward_validation_metrics(scheduler: Callable[[], RollplanScheduler]) -> No
 
     def log(self, data, step, backend=None):
         try:
+            if "wandb" in getattr(self, "logger", {}) and not _FORWARDING.get("linked"):
+                _FORWARDING["linked"] = link_run_page_in_wandb(_FORWARDING["scheduler"]().run_url)
             vals = {k: v for k, v in (data or {}).items() if str(k).startswith(VALIDATION_PREFIXES)}
             if vals:
                 _FORWARDING["scheduler"]().log_metrics(int(step), vals)
