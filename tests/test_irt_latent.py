@@ -185,3 +185,35 @@ def test_default_drops_wrong_labels_after_two_all_fail_groups():
         d = s.plan(pool, strat.PlanRequest(64, 512, 1, 64, step), strat.plan_rng("t", step, "default"))
         picks.append(broken[d.ordinals].mean())
     assert np.mean(picks) <= 0.25 * broken.mean()
+
+
+def test_thompson_scale_per_prompt_and_for_seen_prompts():
+    """A Thompson draw with one scale per prompt is the draw with each prompt's scale (the
+    same random numbers); `thompson_scale_seen` scales the draw of prompts with a group
+    and leaves the never-seen ones at `thompson_scale`: the plan is the one with that
+    scale everywhere when both are equal, and changes once they are not."""
+    m = _model()
+    _obs(m, np.arange(10), 8, np.arange(10) % 7 + 1, 0)  # mixed groups: class normal
+    o = np.arange(20)
+    args = (o, np.zeros(20, np.int64), np.full(20, NAN), 1)
+    scale = np.where(o < 10, 2.0, 0.0)
+    got = m.sample(*args, np.random.default_rng(3), scale=scale)
+    full = m.sample(*args, np.random.default_rng(3), scale=2.0)
+    mean = m.sample(*args, np.random.default_rng(3), scale=0.0)
+    assert np.array_equal(got[:10], full[:10]) and np.array_equal(got[10:], mean[10:])
+    assert not np.array_equal(full[:10], mean[:10])
+
+    P = 400
+    rng = np.random.default_rng(5)
+
+    def plan(params):
+        s = strat.build("default", params)
+        pool = s.make_pool()
+        pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+        pool.observe(_observations(np.arange(0, P, 2), np.full(P // 2, 8), rng_k, 0))
+        return s.plan(pool, strat.PlanRequest(32, 256, 1, 32, 10), strat.plan_rng("t", 10, "default")).ordinals  # past the cooldown
+
+    rng_k = rng.integers(1, 8, P // 2)
+    same = plan({"thompson_scale": 0.5})
+    assert np.array_equal(plan({"thompson_scale": 0.5, "thompson_scale_seen": 0.5}), same)
+    assert not np.array_equal(plan({"thompson_scale": 0.5, "thompson_scale_seen": 4.0}), same)

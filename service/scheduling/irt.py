@@ -434,9 +434,12 @@ class SkillDifficultyModel:
         qs, qv = self.latent_probs(o, d, step, pred)
         return _p_normal(qs, qv) * p + qv
 
-    def sample(self, o, d, prior_logit, step, rng: np.random.Generator, pred=None, scale: float = 1.0) -> np.ndarray:
+    def sample(
+        self, o, d, prior_logit, step, rng: np.random.Generator, pred=None, scale: float | np.ndarray = 1.0
+    ) -> np.ndarray:
         """A Thompson draw of the pass rate (with the latent class drawn first when on);
-        ``scale`` multiplies the logit's standard deviation (1: a posterior draw)."""
+        ``scale`` (a number, or one per prompt) multiplies the logit's standard deviation (1: a
+        posterior draw)."""
         x, v = self.logit(o, d, prior_logit, step, pred)
         p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
         if not self.latent:

@@ -150,6 +150,14 @@ class FrontierParams(StrategyParams):
         description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
         "(1: a posterior draw; smaller: closer to the mean, less exploration).",
     )
+    thompson_scale_seen: float | None = Field(
+        None,
+        ge=0.0,
+        le=4.0,
+        description="The Thompson scale for prompts with at least one group (None: `thompson_scale` for all). "
+        "The never-seen part of the pool has a wide prior, the seen part a narrow posterior: a full draw "
+        "there spreads re-use over the prompts still informative without exploring the unseen more.",
+    )
     cooldown: int = Field(
         4,
         ge=0,
@@ -304,7 +312,10 @@ class Frontier(Strategy[FP]):
         step = max(req.step, pool.step)
         n = req.rollout_budget / B
         if p.thompson:
-            score = selection.informative_prob(tracker.sample(pool, cand, step, rng, p.thompson_scale), n)
+            scale: float | np.ndarray = p.thompson_scale
+            if p.thompson_scale_seen is not None:
+                scale = np.where(pool.groups[cand] > 0, p.thompson_scale_seen, p.thompson_scale)
+            score = selection.informative_prob(tracker.sample(pool, cand, step, rng, scale), n)
         elif p.latent or p.score != "informative":
             score = tracker.expected_score(pool, cand, step, n, p.score)
         else:  # the published frontier: P(informative) at the predictive mean

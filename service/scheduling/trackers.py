@@ -105,7 +105,7 @@ class SkillTracker:
         return self.model.logit(step=step, **self._prompts(pool, idx))
 
     def sample(
-        self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator, scale: float = 1.0
+        self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator, scale: float | np.ndarray = 1.0
     ) -> np.ndarray:
         return self.model.sample(step=step, rng=rng, scale=scale, **self._prompts(pool, idx))
 
