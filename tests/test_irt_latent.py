@@ -217,3 +217,28 @@ def test_thompson_scale_per_prompt_and_for_seen_prompts():
     same = plan({"thompson_scale": 0.5})
     assert np.array_equal(plan({"thompson_scale": 0.5, "thompson_scale_seen": 0.5}), same)
     assert not np.array_equal(plan({"thompson_scale": 0.5, "thompson_scale_seen": 4.0}), same)
+
+
+def test_recent_candidates_keep_what_the_model_knows_of_the_prompts_just_seen():
+    """With a random candidate pool of a few prompts out of 20,000, eight prompts seen with
+    mixed groups ten steps ago are almost never candidates; with `recent_candidates` they
+    are, and being the prompts known to be informative, the plan takes them — all but the
+    ones already past `reuse_free` groups."""
+    P = 20_000
+    rng = np.random.default_rng(2)
+
+    def plan(params):
+        s = strat.build("default", {"candidate_multiplier": 1.0, "text_prior": False, **params})
+        pool = s.make_pool()
+        pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+        pool.observe(_observations(np.arange(P // 2, P // 2 + 2_000), np.full(2_000, 8), np.zeros(2_000), 0))
+        for step in range(6, 11):  # prompts 0..7, each at 4 of 8 every step; 0..3 twelve times more
+            pool.observe(_observations(np.arange(8), np.full(8, 8), np.full(8, 4.0), step))
+        pool.observe(_observations(np.repeat(np.arange(4), 12), np.full(48, 8), np.full(48, 4.0), 10))
+        d = s.plan(pool, strat.PlanRequest(8, 64, 1, 64, 20), strat.plan_rng("t", 20, "default"))
+        return set(d.ordinals.tolist())
+
+    assert len(plan({}) & set(range(8))) <= 1
+    assert plan({"recent_candidates": 15, "reuse_discount": 0.0}) >= set(range(8))
+    assert plan({"recent_candidates": 15}) & set(range(8)) == set(range(4, 8))  # 0..3: 17 groups > reuse_free 8
+    assert not plan({"recent_candidates": 5}) & set(range(8))  # seen 10 steps ago: out of a 5-step window

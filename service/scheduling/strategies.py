@@ -150,6 +150,15 @@ class FrontierParams(StrategyParams):
         description="Standard deviation of the Thompson draw's logit as a multiple of the posterior's "
         "(1: a posterior draw; smaller: closer to the mean, less exploration).",
     )
+    recent_candidates: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Prompts with a group in the last this many steps (and, with `reuse_discount`, at most "
+        "`reuse_free` groups) join the plan's random candidate pool (0: off): what the model knows of the "
+        "prompts it has just seen is not thrown away by a candidate pool that holds a few percent of a large "
+        "pool.",
+    )
     thompson_scale_seen: float | None = Field(
         None,
         ge=0.0,
@@ -310,6 +319,11 @@ class Frontier(Strategy[FP]):
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
+        if p.recent_candidates:
+            recent = pool.last_step >= max(step - p.recent_candidates, 0)
+            if p.reuse_discount:  # the ones not yet discounted: re-use is not concentrated further
+                recent &= pool.groups <= p.reuse_free
+            cand = np.union1d(cand, np.flatnonzero(recent))
         n = req.rollout_budget / B
         if p.thompson:
             scale: float | np.ndarray = p.thompson_scale
