@@ -8,6 +8,7 @@ import pytest
 from rollplan.benchmarks import sim
 from rollplan.service.scheduling import strategies as strat
 from rollplan.service.scheduling.irt import SkillDifficultyModel
+from rollplan.service.scheduling.trackers import SkillTracker
 from rollplan.service.scheduling.textprior import EMBED_DIM, MAX_FEATURES, PromptText, TextPrior
 from scipy.stats import spearmanr
 
@@ -134,3 +135,39 @@ def test_text_oracle_knows_what_the_text_tells_and_needs_text():
     plain = sim.SimConfig(prompts=2_000, steps=5, batch=32, heldout=100)
     with pytest.raises(ValueError, match="text"):
         sim.run_arm("text_oracle", plain, target=float("inf"), eval_every=5)
+
+
+def test_client_priors_train_the_text_prior_for_prompts_no_run_has_seen():
+    """Half of a pool carries client priors (an earlier run's evidence: a pass rate that
+    falls with the level the text tells) and was never seen in this run; the other half has
+    neither. After this run's first report (ten groups: too few to fit on), the text prior
+    has learnt from the priors and ranks the prompts that no run has seen by their level;
+    its class fits stay off (only this run's groups teach them). Without the priors it is
+    not in force."""
+    P, half = 4_000, 2_000
+    rng, level, _ = _levelled_pool(3, P)
+    texts = _texts(level, rng)
+    p0 = 1.0 / (1.0 + np.exp(-(2.0 - 0.8 * level[:half] + 0.3 * rng.standard_normal(half))))
+    o = np.arange(P)
+
+    def fitted(with_priors: bool):
+        s = strat.build("default", {})
+        pool = s.make_pool()
+        prior = np.full(P, np.nan)
+        if with_priors:
+            prior[:half] = p0
+        pool.set_prompts(o, np.zeros(P, np.int32), prior)
+        pool.set_text(o, texts, None)
+        first = np.arange(half, half + 10)
+        k = rng.integers(1, 8, first.size).astype(float)
+        pool.observe(sim._observations(first, np.full(first.size, 8), k, 0))
+        tp = pool.tracker("skill", SkillTracker).text_prior
+        return tp, pool
+
+    tp, pool = fitted(True)
+    assert tp.useful and tp.rows > 1_000 and not tp.class_useful.any()
+    unseen = np.arange(half + 10, P)
+    rel = tp.predict(pool.text, unseen)[0]
+    assert spearmanr(rel, -level[unseen]).statistic > 0.8
+    tp0, _ = fitted(False)
+    assert not tp0.useful and tp0.rows == 0

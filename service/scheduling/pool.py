@@ -162,6 +162,11 @@ class PoolState:
         return _sparse(self._prior, self.size)
 
     @property
+    def has_client_priors(self) -> bool:
+        """Whether any prompt was ever given a client prior (the column exists)."""
+        return self._prior is not None
+
+    @property
     def prior_strength_given(self) -> np.ndarray:
         """The prompt's own prior strength (a warm start's), NaN where none."""
         return _sparse(self._prior_strength, self.size)

@@ -23,11 +23,15 @@ is held out: the excess of its weighted squared error over its own posterior var
 is the prediction's variance v. The fit is used only while it knows more than the
 domain: v below the mean spread of the domains' difficulties; then a never-seen prompt's
 difficulty prior is centred on m_d − x_i·β with variance min(v, the domain's) (the
-``pred`` path of ``irt``), and its own groups take over as they come (Bayes).
+``pred`` path of ``irt``), and its own groups take over as they come (Bayes). Prompts
+this run has not seen that carry a client prior (an offline pass rate, an earlier run's
+evidence through ``warm_start_from``) train it too, as the oldest rows: y_i from the
+difficulty that prior gives them (variance 1, weight 1/(1 + ¼)), so that what earlier
+runs learnt of the pool reaches the prompts no run has seen from this run's first refit.
 
 **Latent classes** (with the item-response model's stuck/solved classes on): two more
 ridge fits, weight 1, of a seen prompt's P(stuck) and P(solved) (its posterior at the
-refit) less its domain's prior shares; each is in force while its held-out squared error
+refit) less its domain's prior shares (the seen prompts only); each is in force while its held-out squared error
 is below the domain share's. A never-seen prompt's class prior is then the domain's share
 plus the fitted residual (``irt._class_prior``: clipped, P(normal) ≥ 0.02).
 
@@ -233,7 +237,8 @@ class TextPrior:
         their posterior variances ``noise`` and posteriors of "normal" ``normal``;
         ``spread`` is the mean variance of the domains' difficulties (the baseline the
         fit must beat). ``classes`` (seen × 2, optional): their P(stuck), P(solved) less
-        their domain's prior shares, the targets of the latent-class fit."""
+        their domain's prior shares, the targets of the latent-class fit (NaN: a row that
+        trains the difficulty only)."""
         self.window = step // self.every
         keep = slice(-self.max_rows, None)
         seen, y, noise, normal = seen[keep], y[keep], noise[keep], normal[keep]
@@ -258,12 +263,17 @@ class TextPrior:
         if classes is None:
             return
         r = np.asarray(classes, np.float64)[keep][has]
-        ones = np.ones(int(tr.sum()))
+        known = np.isfinite(r).all(axis=1)  # rows without class targets (NaN) train the difficulty only
+        trc, hc = tr & known, held & known
+        if trc.sum() < 10 or hc.sum() < 3:
+            return
+        ones = np.ones(int(trc.sum()))
         prev = self.class_coef_ if self.class_coef_ is not None else [None, None]
-        self.class_coef_ = np.stack([self._solve(Xt, Dt, ones, r[tr, c], prev[c]) for c in range(2)])
-        e = _linear(Xh, Dh, self.class_coef_) - r[held]
+        Xc, Dc = X[trc], D1[trc]
+        self.class_coef_ = np.stack([self._solve(Xc, Dc, ones, r[trc, c], prev[c]) for c in range(2)])
+        e = _linear(X[hc], D1[hc], self.class_coef_) - r[hc]
         # Each in use while its held-out Brier is below the domain's share's (a residual of 0).
-        self.class_useful = np.mean(e**2, axis=0) < np.mean(r[held] ** 2, axis=0)
+        self.class_useful = np.mean(e**2, axis=0) < np.mean(r[hc] ** 2, axis=0)
 
     def _solve(self, X: csr_matrix, D: np.ndarray, w: np.ndarray, y: np.ndarray, x0: np.ndarray | None) -> np.ndarray:
         """Weighted ridge by conjugate gradients: (XᵀWX + λI)β = XᵀWy over the sparse and

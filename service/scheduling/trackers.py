@@ -65,6 +65,11 @@ class SkillTracker:
             self._refit(pool, pool.text, tp, step)
 
     def _refit(self, pool: PoolState, text: PromptText, tp: TextPrior, step: int) -> None:
+        """Refit the text prior on the prompts seen in this run and, before them (the oldest
+        rows), the never-seen ones with a client prior — an offline pass rate or an earlier
+        run's evidence (``warm_start_from``) — at the difficulty that prior gives them
+        (``irt._prior_belief``: variance 1). Their latent classes are this run's to learn:
+        only the seen prompts train the class fits."""
         m = self.model
         seen = np.flatnonzero(m.tau_[: pool.size] > 0)
         seen = seen[np.argsort(m.seen_step_[seen], kind="stable")]  # most recently seen last
@@ -74,11 +79,21 @@ class SkillTracker:
         normal = np.clip(1.0 - qs - qv, 0.0, 1.0)
         y = dm[d] - m.mu_[seen].astype(np.float64)
         noise = 1.0 / m.tau_[seen].astype(np.float64)
-        used = np.unique(d)
         classes = None
         if m.latent:  # the latent classes' residuals from their domain's shares
             ps, pv = m.latent_prior()
             classes = np.c_[qs - ps[d], qv - pv[d]]
+        if pool.has_client_priors:
+            given = np.flatnonzero(~np.isnan(pool.prior_pass_rate) & (m.tau_[: pool.size] <= 0))
+            if given.size:
+                gd = pool.domain[given]
+                mu0 = m.skill_now()[gd] - self._prior_logit(pool, given, gd)
+                seen, d = np.r_[given, seen], np.r_[gd, d]
+                y = np.r_[dm[gd] - mu0, y]
+                noise, normal = np.r_[np.ones(given.size), noise], np.r_[np.ones(given.size), normal]
+                if classes is not None:
+                    classes = np.r_[np.full((given.size, 2), np.nan), classes]
+        used = np.unique(d)
         tp.fit(text, seen, y, noise, normal, float(np.mean(dv[used])) if used.size else np.inf, step, classes)
 
     def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
