@@ -41,6 +41,7 @@ import os
 import queue
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,8 +70,6 @@ def link_run_page_in_wandb(url: str) -> bool:
     """Put the run page's address in the current W&B run's config (``rollplan_run_page``),
     where the trainer logs to W&B; False when there is no W&B run in this process. Never
     imports wandb itself (a trainer that uses it has imported it) and never raises."""
-    import sys
-
     wandb = sys.modules.get("wandb")
     if wandb is None or getattr(wandb, "run", None) is None:
         return False

@@ -264,16 +264,18 @@ class TextPrior:
             return
         r = np.asarray(classes, np.float64)[keep][has]
         known = np.isfinite(r).all(axis=1)  # rows without class targets (NaN) train the difficulty only
-        trc, hc = tr & known, held & known
-        if trc.sum() < 10 or hc.sum() < 3:
-            return
-        ones = np.ones(int(trc.sum()))
+        if not known.all():
+            sel = known[tr], known[held]
+            Xt, Dt, Xh, Dh = Xt[sel[0]], Dt[sel[0]], Xh[sel[1]], Dh[sel[1]]
+            tr, held = tr & known, held & known
+            if tr.sum() < 10 or held.sum() < 3:
+                return
+        ones = np.ones(int(tr.sum()))
         prev = self.class_coef_ if self.class_coef_ is not None else [None, None]
-        Xc, Dc = X[trc], D1[trc]
-        self.class_coef_ = np.stack([self._solve(Xc, Dc, ones, r[trc, c], prev[c]) for c in range(2)])
-        e = _linear(X[hc], D1[hc], self.class_coef_) - r[hc]
+        self.class_coef_ = np.stack([self._solve(Xt, Dt, ones, r[tr, c], prev[c]) for c in range(2)])
+        e = _linear(Xh, Dh, self.class_coef_) - r[held]
         # Each in use while its held-out Brier is below the domain's share's (a residual of 0).
-        self.class_useful = np.mean(e**2, axis=0) < np.mean(r[hc] ** 2, axis=0)
+        self.class_useful = np.mean(e**2, axis=0) < np.mean(r[held] ** 2, axis=0)
 
     def _solve(self, X: csr_matrix, D: np.ndarray, w: np.ndarray, y: np.ndarray, x0: np.ndarray | None) -> np.ndarray:
         """Weighted ridge by conjugate gradients: (XᵀWX + λI)β = XᵀWy over the sparse and

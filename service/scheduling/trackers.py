@@ -71,7 +71,8 @@ class SkillTracker:
         (``irt._prior_belief``: variance 1). Their latent classes are this run's to learn:
         only the seen prompts train the class fits."""
         m = self.model
-        seen = np.flatnonzero(m.tau_[: pool.size] > 0)
+        tau = m.tau_[: pool.size]
+        seen = np.flatnonzero(tau > 0)
         seen = seen[np.argsort(m.seen_step_[seen], kind="stable")]  # most recently seen last
         d = pool.domain[seen]
         dm, dv = m.domain_difficulty()
@@ -84,7 +85,7 @@ class SkillTracker:
             ps, pv = m.latent_prior()
             classes = np.c_[qs - ps[d], qv - pv[d]]
         if pool.has_client_priors:
-            given = np.flatnonzero(~np.isnan(pool.prior_pass_rate) & (m.tau_[: pool.size] <= 0))
+            given = np.flatnonzero(~np.isnan(pool.prior_pass_rate) & (tau <= 0))
             if given.size:
                 gd = pool.domain[given]
                 mu0 = m.skill_now()[gd] - self._prior_logit(pool, given, gd)
