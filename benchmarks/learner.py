@@ -679,6 +679,7 @@ def run_arm(job: dict) -> dict:
             raise
         planner.close()
         row["data_quality"] = data_quality_row(url, run_id, world, model)
+        row["memorisation"] = memorisation_row(url, run_id)
         if job.get("keep_groups"):
             name = re.sub(r"[^A-Za-z0-9._+=&-]", "_", arm)
             _keep_groups(
@@ -713,6 +714,16 @@ def _keep_groups(db: Path, path: Path, world: World, model) -> None:
         broken=np.asarray(world.pool.broken, bool),
         final_pass_rate=_final_pass_rate(world, model),
     )
+
+
+def memorisation_row(url: str, run_id: str) -> dict | None:
+    """The run's memorisation estimate at the end (``GET /v1/runs/{run}``'s strategy state;
+    None for a strategy that keeps none)."""
+    import httpx
+
+    r = httpx.get(f"{url}/v1/runs/{run_id}", timeout=300)
+    r.raise_for_status()
+    return (r.json().get("strategy_state") or {}).get("memorisation")
 
 
 def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 0.3) -> dict:

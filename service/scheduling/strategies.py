@@ -159,6 +159,22 @@ class FrontierParams(StrategyParams):
         "prompts it has just seen is not thrown away by a candidate pool that holds a few percent of a large "
         "pool.",
     )
+    memo_halflife: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="Half-life in steps of the run's memorisation estimate (0: not kept): how much more often "
+        "re-used prompts pass than the model predicted, beyond first-time groups' excess (`GET …/state`: "
+        "`memorisation`).",
+    )
+    recent_memo_max: float | None = Field(
+        None,
+        ge=-1.0,
+        le=1.0,
+        description="With `recent_candidates` and `memo_halflife`: recent prompts join the candidate pool only "
+        "while the run's memorisation estimate is at most this (None: always). Re-using what the model knows "
+        "teaches where nothing is memorised, and memorises where the policy can.",
+    )
     thompson_scale_seen: float | None = Field(
         None,
         ge=0.0,
@@ -274,7 +290,7 @@ class Frontier(Strategy[FP]):
             skill_share=p.skill_share,
         )
         text = TextPrior(every=p.text_prior_every) if p.text_prior else None
-        pool.trackers["skill"] = SkillTracker(model, text)
+        pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife)
         return pool
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
@@ -319,7 +335,7 @@ class Frontier(Strategy[FP]):
         B = req.batch_size
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
-        if p.recent_candidates:
+        if p.recent_candidates and (p.recent_memo_max is None or tracker.memorisation() <= p.recent_memo_max):
             recent = pool.last_step >= max(step - p.recent_candidates, 0)
             if p.reuse_discount:  # the ones not yet discounted: re-use is not concentrated further
                 recent &= pool.groups <= p.reuse_free

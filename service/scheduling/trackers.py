@@ -27,11 +27,26 @@ class SkillTracker:
     """The item-response skill/difficulty model (``irt``), and with ``text_prior`` the
     ridge model of what prompts' text and embeddings tell about their difficulty
     (``textprior``): refit from this model's own estimates at the first report of each
-    window of its ``every`` steps, its predictions the prior of never-seen prompts."""
+    window of its ``every`` steps, its predictions the prior of never-seen prompts.
 
-    def __init__(self, model: SkillDifficultyModel, text_prior: TextPrior | None = None) -> None:
+    With ``memo_halflife`` > 0 it also keeps the run's evidence of memorisation
+    (``memorisation``): how much more often re-used prompts pass than the model predicted
+    just before their group, beyond the same excess on first-time groups. Under the
+    item-response model a prompt's difficulty is stable, so with nothing memorised the
+    residuals of its later groups average zero, like those of first-time groups (the
+    skill's lag shows in both and cancels); a prompt that the policy memorises passes more
+    often each time it is trained on — its gain in excess of its domain's gain."""
+
+    def __init__(
+        self, model: SkillDifficultyModel, text_prior: TextPrior | None = None, memo_halflife: float = 0.0
+    ) -> None:
         self.model = model
         self.text_prior = text_prior
+        self.memo_halflife = memo_halflife
+        # Decayed sums over the reports: Σ w·(k − n·p̂), Σ w·n of re-used prompts' groups,
+        # then of first-time groups (p̂: the prediction just before the group; w: staleness).
+        self.memo_ = np.zeros(4)
+        self.memo_step_ = -1
 
     def grow(self, size: int, n_domains: int) -> None:
         self.model.grow(size, n_domains)
@@ -50,6 +65,8 @@ class SkillTracker:
         o = obs.ordinals
         d = pool.domain[o]
         w = _staleness_weight(pool, obs)
+        if self.memo_halflife:
+            self._observe_memorisation(pool, obs, d, w)
         self.model.observe(
             o,
             d,
@@ -63,6 +80,27 @@ class SkillTracker:
         tp = self.text_prior
         if tp is not None and pool.text is not None and pool.text.any and tp.due(step):
             self._refit(pool, pool.text, tp, step)
+
+    def _observe_memorisation(self, pool: PoolState, obs: Observations, d: np.ndarray, w: np.ndarray) -> None:
+        """Add one report's residuals to the decayed sums of ``memorisation``."""
+        o = obs.ordinals
+        step = int(obs.step.max())
+        if self.memo_step_ >= 0:
+            self.memo_ *= 0.5 ** (max(step - self.memo_step_, 0) / self.memo_halflife)
+        self.memo_step_ = max(self.memo_step_, step)
+        p = self.model.predict(step=obs.step, **self._prompts(pool, o))
+        seen = self.model.tau_[o] > 0
+        r, n = w * (obs.successes - obs.n * p), w * obs.n
+        self.memo_ += np.array([r[seen].sum(), n[seen].sum(), r[~seen].sum(), n[~seen].sum()])
+
+    def memorisation(self, min_rollouts: float = 256.0) -> float:
+        """The run's memorisation: the mean excess pass rate of re-used prompts' groups over
+        the model's prediction, less that of first-time groups (decayed with half-life
+        ``memo_halflife`` steps); 0 until both kinds hold ``min_rollouts`` rollouts."""
+        s = self.memo_
+        if s[1] < min_rollouts or s[3] < min_rollouts:
+            return 0.0
+        return float(s[0] / s[1] - s[2] / s[3])
 
     def _refit(self, pool: PoolState, text: PromptText, tp: TextPrior, step: int) -> None:
         """Refit the text prior on the prompts seen in this run and, before them (the oldest
@@ -144,6 +182,14 @@ class SkillTracker:
         if self.model.latent:
             ps, pv = self.model.latent_prior()
             out["prior_p_stuck"], out["prior_p_solved"] = ps[:D].tolist(), pv[:D].tolist()
+        if self.memo_halflife:
+            s = self.memo_
+            out["memorisation"] = {
+                "estimate": self.memorisation(),
+                "reused_excess": float(s[0] / s[1]) if s[1] > 0 else None,
+                "first_time_excess": float(s[2] / s[3]) if s[3] > 0 else None,
+                "halflife_steps": self.memo_halflife,
+            }
         tp = self.text_prior
         if tp is not None:
             out["text_prior"] = {
