@@ -509,6 +509,7 @@ class PluginPlanner:
         from rollplan.plugins.core import PromptIds, RollplanScheduler
 
         self.token_budget, self.max_new_tokens = token_budget, max_new_tokens
+        self.url, self.run_id = url, run_id
 
         ids = PromptIds(world.ids)
         self.scheds = []
@@ -542,6 +543,12 @@ class PluginPlanner:
         return StepPlan(
             np.array(head.indices, np.int64), np.array(head.rollouts, np.int64), pred, head.plan_id, head.max_new_tokens
         )
+
+    def memorisation(self) -> float | None:
+        """The strategy's memorisation estimate now (None: it keeps none), read from the run's
+        state — a diagnostic: the reports still queued are not in it yet."""
+        got = memorisation_row(self.url, self.run_id)
+        return None if got is None else got["estimate"]
 
     def prefetch(self, step: int, batch: int, budget: int) -> None:
         for sc in self.scheds:
@@ -858,7 +865,12 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         t = torch.as_tensor(idx, device=device)
         return model.pass_rate(world.pool.prompt[t], world.pool.label[t])
 
+    memo_curve: list = []  # (step, the strategy's memorisation estimate), twelve times a run
     for step in range(cfg.steps):
+        if planner is not None and hasattr(planner, "memorisation") and step % max(cfg.steps // 12, 1) == 0:
+            est = planner.memorisation()
+            if est is not None:
+                memo_curve.append((step, est))
         if step % cfg.eval_every == 0:
             model.eval()
             curve.append((step, used, float(model.pass_rate(world.heldout.prompt, world.heldout.label).mean())))
@@ -996,6 +1008,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "hinted_items": hinted,  # plan items whose max_new_tokens hint was applied
         "token_curve": token_curve,
         "effective_ratio": informative / max(used, 1),
+        "memorisation_curve": memo_curve,
         "initial_accuracy": curve[0][2],
         "final_accuracy": curve[-1][2],
         "final_accuracy_by_level": by_level,

@@ -251,6 +251,30 @@ def test_run_page_refreshes_while_live(live, browser):
     assert_no_console_errors(browser)
 
 
+def test_coverage_panel_shows_the_run_s_memorisation_estimate(live, browser):
+    """A `default` run's coverage panel carries its memorisation estimate (the strategy
+    state's `memorisation`: re-used prompts' excess pass rate over the prediction beyond
+    first-time groups'), signed, as the API gives it; a `beta` run has no such card."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server, sim = live
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        simulate(c, run_id="memo-run", strategy="default", n_prompts=80, steps=12, batch_size=16, seed=5)
+    memo = api(server, "/v1/runs/memo-run")["strategy_state"]["memorisation"]
+    assert memo["reused_excess"] is not None and memo["first_time_excess"] is not None
+    open_page(browser, server.url + "/ui/runs/memo-run?refresh=0")
+    sel = '#coverage-cards [data-card="cov-memo"]'
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", sel))
+    text = browser.find_element("css selector", sel).text
+    signed = lambda x: f"{x:+.3f}" if x != int(x) else f"{int(x):+d}"  # noqa: E731 (the page's format)
+    assert signed(memo["estimate"]) in text, (memo, text)
+    assert f"re-used {signed(memo['reused_excess'])}" in text and f"first-time {signed(memo['first_time_excess'])}" in text
+    open_page(browser, server.url + f"/ui/runs/{sim.run_id}?refresh=0")
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", '#coverage-cards [data-card="cov-seen"]'))
+    assert not browser.find_elements("css selector", sel)
+    assert_no_console_errors(browser)
+
+
 def test_coverage_panel_shows_the_api_numbers(live, browser):
     """The run page's coverage panel: the endpoint's headline numbers, its per-domain
     table and its picks-per-window chart (outside the shared step zoom)."""

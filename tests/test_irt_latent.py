@@ -226,7 +226,6 @@ def test_recent_candidates_keep_what_the_model_knows_of_the_prompts_just_seen():
     are, and being the prompts known to be informative, the plan takes them — all but the
     ones already past `reuse_free` groups."""
     P = 20_000
-    rng = np.random.default_rng(2)
 
     def plan(params):
         s = strat.build("default", {"candidate_multiplier": 1.0, "text_prior": False, **params})
@@ -239,7 +238,8 @@ def test_recent_candidates_keep_what_the_model_knows_of_the_prompts_just_seen():
         d = s.plan(pool, strat.PlanRequest(8, 64, 1, 64, 20), strat.plan_rng("t", 20, "default"))
         return set(d.ordinals.tolist())
 
-    assert len(plan({}) & set(range(8))) <= 1
+    assert len(plan({"recent_candidates": 0}) & set(range(8))) <= 1
+    assert plan({}) & set(range(8)) == set(range(4, 8))  # default: nothing memorised here, the gate is open
     assert plan({"recent_candidates": 15, "reuse_discount": 0.0}) >= set(range(8))
     assert plan({"recent_candidates": 15}) & set(range(8)) == set(range(4, 8))  # 0..3: 17 groups > reuse_free 8
     assert not plan({"recent_candidates": 5}) & set(range(8))  # seen 10 steps ago: out of a 5-step window
@@ -282,6 +282,11 @@ def test_memorisation_is_the_excess_pass_rate_of_reused_prompts_over_first_time_
     assert abs(stable) < 0.03
     s, pool, _ = _memorisation_run(0.0, steps=2)  # no prompt re-used yet
     assert s.inspect(pool)["memorisation"]["estimate"] == 0.0  # too few re-used rollouts yet
+    # Steps without first-time groups (every prompt seen) hold no contrast: the estimate stands.
+    s, pool, before = _memorisation_run(1.0)
+    for step in range(60, 400, 20):
+        pool.observe(_observations(np.arange(64), np.full(64, 8), np.full(64, 8.0), step))
+    assert pool.tracker("skill", SkillTracker).memorisation() == before
 
 
 def test_recent_candidates_are_gated_off_while_the_run_memorises():
@@ -297,3 +302,29 @@ def test_recent_candidates_are_gated_off_while_the_run_memorises():
     # gate -1 (always shut) is the plain pool; a bound of 0.05 opens it only without memorisation
     assert plans[0.0, 0.05] != plans[0.0, -1.0]
     assert plans[1.0, 0.05] == plans[1.0, -1.0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 12), st.lists(st.integers(0, 3), min_size=1, max_size=30))
+def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(seed, window, gaps):
+    """The tracker's window of reports gives exactly the prompts whose last group is at or
+    after any step within `recent_window` of the latest report — the set a pass over the
+    whole pool's `last_step` gives — whatever the steps' gaps, repeats and late reports."""
+    rng = np.random.default_rng(seed)
+    P = 300
+    s = strat.build("default", {"recent_candidates": window, "text_prior": False})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+    tracker = pool.tracker("skill", SkillTracker)
+    step = 0
+    for gap in gaps:
+        step += gap
+        o = rng.integers(0, P, rng.integers(1, 40))
+        at = np.maximum(step - rng.integers(0, 3, o.size) * (rng.random(o.size) < 0.2), 0)  # some late
+        k = rng.integers(0, 9, o.size).astype(float)
+        p = k / 8
+        pool.observe(Observations(o.astype(np.int64), np.full(o.size, 8, np.int64), k, at.astype(np.int64),
+                                  (k > 0) & (k < 8), 2 * np.sqrt(p * (1 - p)), np.zeros(o.size, np.int64)))
+        latest = int(pool.last_step.max())
+        for since in range(max(latest - window, 0), latest + 2):
+            assert np.array_equal(np.unique(tracker.recent(pool, since)), np.flatnonzero(pool.last_step >= since))

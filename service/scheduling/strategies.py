@@ -290,7 +290,7 @@ class Frontier(Strategy[FP]):
             skill_share=p.skill_share,
         )
         text = TextPrior(every=p.text_prior_every) if p.text_prior else None
-        pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife)
+        pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife, p.recent_candidates)
         return pool
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
@@ -336,10 +336,11 @@ class Frontier(Strategy[FP]):
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
         if p.recent_candidates and (p.recent_memo_max is None or tracker.memorisation() <= p.recent_memo_max):
-            recent = pool.last_step >= max(step - p.recent_candidates, 0)
+            recent = tracker.recent(pool, max(step - p.recent_candidates, 0))
             if p.reuse_discount:  # the ones not yet discounted: re-use is not concentrated further
-                recent &= pool.groups <= p.reuse_free
-            cand = np.union1d(cand, np.flatnonzero(recent))
+                recent = recent[pool.groups[recent] <= p.reuse_free]
+            cand = np.sort(np.r_[cand, recent])  # np.union1d's result, by a sort (its hashing is slower here)
+            cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
         n = req.rollout_budget / B
         if p.thompson:
             scale: float | np.ndarray = p.thompson_scale
@@ -820,6 +821,28 @@ class DefaultParams(FrontierParams):
     reuse_free: float = Field(
         8.0, ge=0.0, le=1e6, description="Groups of a prompt before re-use is discounted (default 8)."
     )
+    recent_candidates: int = Field(
+        64,
+        ge=0,
+        le=1_000_000,
+        description="Prompts with a group in the last this many steps and at most `reuse_free` groups join the "
+        "candidate pool (default 64; 0: off) — while the run's memorisation estimate is at most `recent_memo_max`.",
+    )
+    memo_halflife: float = Field(
+        100.0,
+        ge=0.0,
+        le=1e6,
+        description="Half-life in steps of the run's memorisation estimate (default 100; 0: not kept, and "
+        "`recent_candidates` then ungated).",
+    )
+    recent_memo_max: float | None = Field(
+        0.05,
+        ge=-1.0,
+        le=1.0,
+        description="Recent prompts join the candidate pool only while re-used prompts pass at most this much more "
+        "often than predicted, beyond first-time groups' excess (default 0.05; None: always): re-use where it "
+        "teaches, not where the policy memorises.",
+    )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
     latent_hazard: float = Field(
         0.002,
@@ -848,8 +871,9 @@ class Default(Frontier[DefaultParams]):
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
         "stuck/solved latent classes per prompt whose evidence fades back toward the prior as the policy moves on, an EM-estimated spread of difficulties per domain, a "
         "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
-        "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), and "
-        "diminishing returns of re-use once a prompt has had more than 8 groups."
+        "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), "
+        "diminishing returns of re-use once a prompt has had more than 8 groups, and the prompts of the last 64 "
+        "steps in the candidate pool while the run's own estimate of memorisation says re-use is not memorised."
     )
     Params = DefaultParams
 

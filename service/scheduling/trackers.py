@@ -31,22 +31,33 @@ class SkillTracker:
 
     With ``memo_halflife`` > 0 it also keeps the run's evidence of memorisation
     (``memorisation``): how much more often re-used prompts pass than the model predicted
-    just before their group, beyond the same excess on first-time groups. Under the
-    item-response model a prompt's difficulty is stable, so with nothing memorised the
-    residuals of its later groups average zero, like those of first-time groups (the
+    just before their group, beyond the same excess on first-time groups of the same step.
+    Under the item-response model a prompt's difficulty is stable, so with nothing memorised
+    the residuals of its later groups average zero, like those of first-time groups (the
     skill's lag shows in both and cancels); a prompt that the policy memorises passes more
     often each time it is trained on — its gain in excess of its domain's gain."""
 
     def __init__(
-        self, model: SkillDifficultyModel, text_prior: TextPrior | None = None, memo_halflife: float = 0.0
+        self,
+        model: SkillDifficultyModel,
+        text_prior: TextPrior | None = None,
+        memo_halflife: float = 0.0,
+        recent_window: int = 0,
     ) -> None:
         self.model = model
         self.text_prior = text_prior
         self.memo_halflife = memo_halflife
+        # The ordinals reported in the last ``recent_window`` steps (with their steps; repeats
+        # kept): the plan's recent candidates without a pass over the whole pool.
+        self.recent_window = recent_window
+        self.recent_o_ = np.zeros(0, np.int64)
+        self.recent_s_ = np.zeros(0, np.int64)
         # Decayed sums over the reports: Σ w·(k − n·p̂), Σ w·n of re-used prompts' groups,
-        # then of first-time groups (p̂: the prediction just before the group; w: staleness).
-        self.memo_ = np.zeros(4)
-        self.memo_step_ = -1
+        # then of first-time groups (p̂: the prediction just before the group; w: staleness),
+        # then the per-step contrasts' Σ h·(excess re-used − excess first-time) and Σ h.
+        self.memo_ = np.zeros(6)
+        self.memo_step_ = -1  # the last step that added to the sums
+        self.memo_weight_ = 0.0  # Σ h, undecayed
 
     def grow(self, size: int, n_domains: int) -> None:
         self.model.grow(size, n_domains)
@@ -67,6 +78,12 @@ class SkillTracker:
         w = _staleness_weight(pool, obs)
         if self.memo_halflife:
             self._observe_memorisation(pool, obs, d, w)
+        if self.recent_window:
+            lo = max(int(obs.step.max()), int(self.recent_s_.max(initial=-1))) - self.recent_window
+            keep = self.recent_s_ >= lo
+            new = obs.step >= lo
+            self.recent_o_ = np.r_[self.recent_o_[keep], o[new]]
+            self.recent_s_ = np.r_[self.recent_s_[keep], obs.step[new].astype(np.int64)]
         self.model.observe(
             o,
             d,
@@ -82,25 +99,49 @@ class SkillTracker:
             self._refit(pool, pool.text, tp, step)
 
     def _observe_memorisation(self, pool: PoolState, obs: Observations, d: np.ndarray, w: np.ndarray) -> None:
-        """Add one report's residuals to the decayed sums of ``memorisation``."""
-        o = obs.ordinals
-        step = int(obs.step.max())
+        """Add one fold's residuals to the decayed sums of ``memorisation``: per step of the
+        groups (a stratum), the re-used groups' excess less the first-time groups', weighted
+        by n_re·n_first/(n_re + n_first), so that what moves every prediction at once (the
+        skill's lag, the prior's miscalibration before the first reports) cancels. A fold
+        without both kinds in any step leaves the sums as they are (once every prompt has
+        been seen, the last estimate stands)."""
+        p = self.model.predict(step=obs.step, **self._prompts(pool, obs.ordinals))
+        seen = self.model.tau_[obs.ordinals] > 0
+        r, n = w * (obs.successes - obs.n * p), w * obs.n
+        steps, s = np.unique(obs.step, return_inverse=True)
+        key = 2 * s + seen  # per step: first-time (even), re-used (odd)
+        rs = np.bincount(key, weights=r, minlength=2 * steps.size).reshape(-1, 2)
+        ns = np.bincount(key, weights=n, minlength=2 * steps.size).reshape(-1, 2)
+        both = (ns > 0).all(axis=1)
+        if not both.any():
+            return
+        rs, ns = rs[both], ns[both]
+        h = ns[:, 0] * ns[:, 1] / ns.sum(axis=1)
+        diff = rs[:, 1] / ns[:, 1] - rs[:, 0] / ns[:, 0]
+        step = int(steps[both].max())
         if self.memo_step_ >= 0:
             self.memo_ *= 0.5 ** (max(step - self.memo_step_, 0) / self.memo_halflife)
         self.memo_step_ = max(self.memo_step_, step)
-        p = self.model.predict(step=obs.step, **self._prompts(pool, o))
-        seen = self.model.tau_[o] > 0
-        r, n = w * (obs.successes - obs.n * p), w * obs.n
-        self.memo_ += np.array([r[seen].sum(), n[seen].sum(), r[~seen].sum(), n[~seen].sum()])
+        tot_r, tot_n = rs.sum(axis=0), ns.sum(axis=0)
+        self.memo_ += np.array([tot_r[1], tot_n[1], tot_r[0], tot_n[0], float(h @ diff), float(h.sum())])
+        self.memo_weight_ += float(h.sum())
 
-    def memorisation(self, min_rollouts: float = 256.0) -> float:
-        """The run's memorisation: the mean excess pass rate of re-used prompts' groups over
-        the model's prediction, less that of first-time groups (decayed with half-life
-        ``memo_halflife`` steps); 0 until both kinds hold ``min_rollouts`` rollouts."""
+    def recent(self, pool: PoolState, since: int) -> np.ndarray:
+        """The prompts whose last group is at step ``since`` or later, for ``since`` ≥ the
+        latest reported step − ``recent_window``: the set ``flatnonzero(pool.last_step >=
+        since)`` gives, from the window's reports alone (each prompt at the entries of its
+        last step — twice only if that step reported it twice; unsorted)."""
+        o, st = self.recent_o_, self.recent_s_
+        return o[(st >= since) & (st == pool.last_step[o])]
+
+    def memorisation(self, min_weight: float = 128.0) -> float:
+        """The run's memorisation: per step, the mean excess pass rate of re-used prompts'
+        groups over the model's prediction less that of first-time groups, averaged over
+        the steps with both (weights n_re·n_first/(n_re + n_first), decayed with half-life
+        ``memo_halflife`` steps between such steps); 0 until the weights (undecayed) reach
+        ``min_weight`` rollouts."""
         s = self.memo_
-        if s[1] < min_rollouts or s[3] < min_rollouts:
-            return 0.0
-        return float(s[0] / s[1] - s[2] / s[3])
+        return float(s[4] / s[5]) if self.memo_weight_ >= min_weight and s[5] > 0 else 0.0
 
     def _refit(self, pool: PoolState, text: PromptText, tp: TextPrior, step: int) -> None:
         """Refit the text prior on the prompts seen in this run and, before them (the oldest

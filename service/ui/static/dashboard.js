@@ -844,7 +844,7 @@ const RP = (() => {
         el("td", {}, d.domain ?? "(none)"), el("td", {}, fmt(d.prompts)), el("td", {}, fmt(d.rollouts)),
         el("td", {}, fmt(d.mean_reward)), el("td", {}, fmt(d.mean_predicted_pass_rate)),
         ...states.map(k => el("td", {}, fmt(d.states[k]))))));
-      showCoverage(cov);
+      showCoverage(cov, hist.current.strategy_state.memorisation);
       const known = JSON.stringify(names);
       if (known !== domainsKnown) {
         domainsKnown = known;
@@ -887,12 +887,18 @@ const RP = (() => {
     /* The coverage panel: re-use of the rollouts (headline numbers), per domain, and each
      * domain's share of the reported groups per tenth of the steps so far (x: the window;
      * empty windows are gaps). */
-    function showCoverage(c) {
-      document.getElementById("coverage-cards").replaceChildren(
+    function showCoverage(c, memo) {
+      const signed = (x) => (x === null || x === undefined) ? "–" : (x >= 0 ? "+" : "") + fmt(x, 3);
+      const cards = [
         card("rollouts on the top 10% of prompts", pct(c.top10_share), "cov-top10"),
         card("median rollouts per seen prompt", fmt(c.median_per_seen, 1), "cov-median"),
         card("max rollouts per seen prompt", fmt(c.max_per_seen, 1), "cov-max"),
-        card("pool seen", pct(c.seen_share) + " (" + fmt(c.seen) + " of " + fmt(c.prompts) + ")", "cov-seen"));
+        card("pool seen", pct(c.seen_share) + " (" + fmt(c.seen) + " of " + fmt(c.prompts) + ")", "cov-seen")];
+      // The strategy's estimate of memorisation (default): re-used prompts' excess pass rate over
+      // the model's prediction beyond first-time groups'.
+      if (memo) cards.push(card("memorisation of re-used prompts", signed(memo.estimate) + " (re-used "
+        + signed(memo.reused_excess) + ", first-time " + signed(memo.first_time_excess) + ")", "cov-memo"));
+      document.getElementById("coverage-cards").replaceChildren(...cards);
       fillTable("coverage-domains", c.domains.map(d => el("tr", { "data-domain": d.domain ?? "" },
         el("td", {}, d.domain ?? "(none)"), el("td", {}, fmt(d.prompts)), el("td", {}, pct(d.seen_share)),
         el("td", {}, fmt(d.rollouts)), el("td", {}, pct(d.rollout_share)), el("td", {}, pct(d.unvisited_share)))));

@@ -1,0 +1,63 @@
+"""`default`'s plan compute at P prompts with its recent candidates on (the memorisation gate open) and off.
+
+    python -m rollplan.benchmarks.plan_compute 1000000
+
+In process (no service): 100 steps of 1,024 random prompts reported (k uniform on 0..8, so
+nothing is memorised and the gate is open), then 15 plans of batch 1,024; prints best and
+median, next to the best of 25 argpartitions of 1,024 over P (the floor)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+from ..service.scheduling import strategies as strat
+from ..service.scheduling.pool import Observations
+
+
+def main(argv: list[str] | None = None) -> dict:
+    P = int((argv if argv is not None else sys.argv[1:])[0])
+    B = 1024
+    out = {"prompts": P}
+    for name, params in (("recent_off", {"recent_candidates": 0}), ("recent_on", {})):
+        rng = np.random.default_rng(0)
+        s = strat.build("default", {"text_prior": False, **params})
+        pool = s.make_pool()
+        pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, np.nan))
+        for step in range(100):
+            o = rng.choice(P, B, replace=False).astype(np.int64)
+            k = rng.integers(0, 9, B).astype(float)
+            p = k / 8
+            pool.observe(
+                Observations(
+                    o,
+                    np.full(B, 8, np.int64),
+                    k,
+                    np.full(B, step, np.int64),
+                    (k > 0) & (k < 8),
+                    2 * np.sqrt(p * (1 - p)),
+                    np.zeros(B, np.int64),
+                )
+            )
+        t = []
+        for i in range(15):
+            a = time.perf_counter()
+            s.plan(pool, strat.PlanRequest(B, 8 * B, 1, 64, 100), strat.plan_rng("b", 100 + i, "default"))
+            t.append(time.perf_counter() - a)
+        out[name + "_ms"] = min(t) * 1e3
+        out[name + "_median_ms"] = float(np.median(t)) * 1e3
+    x = np.random.default_rng(1).random(P)
+    fl = []
+    for _ in range(25):
+        a = time.perf_counter()
+        np.argpartition(x, B)
+        fl.append(time.perf_counter() - a)
+    out["argpartition_floor_ms"] = min(fl) * 1e3
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
