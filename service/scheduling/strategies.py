@@ -164,8 +164,8 @@ class FrontierParams(StrategyParams):
         ge=0.0,
         le=1e6,
         description="Half-life in steps of the run's memorisation estimate (0: not kept): how much more often "
-        "re-used prompts pass than the model predicted, beyond first-time groups' excess (`GET …/state`: "
-        "`memorisation`).",
+        "re-used prompts pass than the model predicted, beyond first-time groups' excess (`GET /v1/runs/{run}`: "
+        "`strategy_state.memorisation`).",
     )
     recent_memo_max: float | None = Field(
         None,

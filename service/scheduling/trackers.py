@@ -77,7 +77,7 @@ class SkillTracker:
         d = pool.domain[o]
         w = _staleness_weight(pool, obs)
         if self.memo_halflife:
-            self._observe_memorisation(pool, obs, d, w)
+            self._observe_memorisation(pool, obs, w)
         if self.recent_window:
             lo = max(int(obs.step.max()), int(self.recent_s_.max(initial=-1))) - self.recent_window
             keep = self.recent_s_ >= lo
@@ -98,7 +98,7 @@ class SkillTracker:
         if tp is not None and pool.text is not None and pool.text.any and tp.due(step):
             self._refit(pool, pool.text, tp, step)
 
-    def _observe_memorisation(self, pool: PoolState, obs: Observations, d: np.ndarray, w: np.ndarray) -> None:
+    def _observe_memorisation(self, pool: PoolState, obs: Observations, w: np.ndarray) -> None:
         """Add one fold's residuals to the decayed sums of ``memorisation``: per step of the
         groups (a stratum), the re-used groups' excess less the first-time groups', weighted
         by n_re·n_first/(n_re + n_first), so that what moves every prediction at once (the
