@@ -259,9 +259,10 @@ def test_coverage_panel_shows_the_run_s_memorisation_estimate(live, browser):
 
     server, sim = live
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        simulate(c, run_id="memo-run", strategy="default", n_prompts=80, steps=12, batch_size=16, seed=5)
+        simulate(c, run_id="memo-run", strategy="default", n_prompts=400, steps=16, batch_size=16, seed=5)
     memo = api(server, "/v1/runs/memo-run")["strategy_state"]["memorisation"]
-    assert memo["reused_excess"] is not None and memo["first_time_excess"] is not None
+    # 400 prompts, 16 a step: first-time and re-used prompts in the same steps once the cooldown is past
+    assert memo["reused_excess"] is not None and memo["first_time_excess"] is not None, memo
     open_page(browser, server.url + "/ui/runs/memo-run?refresh=0")
     sel = '#coverage-cards [data-card="cov-memo"]'
     WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", sel))
