@@ -13,8 +13,9 @@ import sys
 import time
 
 import numpy as np
+
 from ..service.scheduling import strategies as strat
-from ..service.scheduling.pool import Observations
+from .sim import _observations
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -29,18 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
         for step in range(100):
             o = rng.choice(P, B, replace=False).astype(np.int64)
             k = rng.integers(0, 9, B).astype(float)
-            p = k / 8
-            pool.observe(
-                Observations(
-                    o,
-                    np.full(B, 8, np.int64),
-                    k,
-                    np.full(B, step, np.int64),
-                    (k > 0) & (k < 8),
-                    2 * np.sqrt(p * (1 - p)),
-                    np.zeros(B, np.int64),
-                )
-            )
+            pool.observe(_observations(o, np.full(B, 8), k, step))
         t = []
         for i in range(15):
             a = time.perf_counter()

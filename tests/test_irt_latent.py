@@ -321,10 +321,7 @@ def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(
         step += gap
         o = rng.integers(0, P, rng.integers(1, 40))
         at = np.maximum(step - rng.integers(0, 3, o.size) * (rng.random(o.size) < 0.2), 0)  # some late
-        k = rng.integers(0, 9, o.size).astype(float)
-        p = k / 8
-        pool.observe(Observations(o.astype(np.int64), np.full(o.size, 8, np.int64), k, at.astype(np.int64),
-                                  (k > 0) & (k < 8), 2 * np.sqrt(p * (1 - p)), np.zeros(o.size, np.int64)))
+        pool.observe(_observations(o, np.full(o.size, 8), rng.integers(0, 9, o.size), at))  # per-group steps
         latest = int(pool.last_step.max())
         for since in range(max(latest - window, 0), latest + 2):
             assert np.array_equal(np.unique(tracker.recent(pool, since)), np.flatnonzero(pool.last_step >= since))
