@@ -1,4 +1,5 @@
-"""`default`'s plan compute at P prompts with its recent candidates on (the memorisation gate open) and off.
+"""`default`'s plan compute at P prompts with its recent candidates off, on (the memorisation gate open;
+at most `recent_max` × the batch of them, as in `default`) and on without that cap.
 
     python -m rollplan.benchmarks.plan_compute 1000000
 
@@ -22,7 +23,8 @@ def main(argv: list[str] | None = None) -> dict:
     P = int((argv if argv is not None else sys.argv[1:])[0])
     B = 1024
     out = {"prompts": P}
-    for name, params in (("recent_off", {"recent_candidates": 0}), ("recent_on", {})):
+    arms = (("recent_off", {"recent_candidates": 0}), ("recent_on", {}), ("recent_uncapped", {"recent_max": None}))
+    for name, params in arms:
         rng = np.random.default_rng(0)
         s = strat.build("default", {"text_prior": False, **params})
         pool = s.make_pool()

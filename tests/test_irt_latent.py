@@ -245,7 +245,7 @@ def test_recent_candidates_keep_what_the_model_knows_of_the_prompts_just_seen():
     assert not plan({"recent_candidates": 5}) & set(range(8))  # seen 10 steps ago: out of a 5-step window
 
 
-def _memorisation_run(memorise: float, recent_memo_max: float | None = None, steps: int = 60):
+def _memorisation_run(memorise: float, recent_memo_max: float | None = None, steps: int = 60, **extra):
     """Prompts of one domain at difficulty ~ N(0, 1) and a policy whose skill rises 0.02 a
     step; each step 32 fresh prompts and the 32 of two steps before are rolled out (8 each).
     A prompt's logit rises by ``memorise`` at each of its groups (memorised) on top of the
@@ -254,7 +254,7 @@ def _memorisation_run(memorise: float, recent_memo_max: float | None = None, ste
     rng = np.random.default_rng(11)
     b = rng.standard_normal(P)
     memo = np.zeros(P)
-    params = {"memo_halflife": 50.0, "text_prior": False}
+    params = {"memo_halflife": 50.0, "text_prior": False, **extra}
     if recent_memo_max is not None:
         params.update(recent_candidates=8, recent_memo_max=recent_memo_max)
     s = strat.build("default", params)
@@ -304,6 +304,39 @@ def test_recent_candidates_are_gated_off_while_the_run_memorises():
     assert plans[1.0, 0.05] == plans[1.0, -1.0]
 
 
+def test_recent_candidates_are_capped_at_the_latest_whole_steps_that_fit():
+    """`recent_max`: at most that many times the batch of recent prompts join the pool, the
+    latest whole steps' — 0 is the plain pool, a cap above the window's size the whole
+    window, three steps' worth (3 × 64 entries = 6 × the batch) neither."""
+    req = strat.PlanRequest(32, 256, 1, 32, 61)
+
+    def plan(gate: float = 0.05, **extra) -> list[int]:
+        s, pool, _ = _memorisation_run(0.0, recent_memo_max=gate, **extra)
+        return s.plan(pool, req, strat.plan_rng("t", 61, "default")).ordinals.tolist()
+
+    plain, whole, one = plan(recent_max=0.0), plan(recent_max=None), plan(recent_max=6.0)
+    assert plain == plan(gate=-1.0)  # the gate shut: no recent prompts
+    assert whole == plan(recent_max=1e3)
+    assert one not in (plain, whole)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 80))
+def test_latest_steps_are_whole_steps_within_the_cap_whatever_the_order(seed, cap):
+    """`_latest_steps` keeps the entries of the latest steps whose entries together number
+    at most ``cap`` — a whole step or none of it, the same set for any order of the entries."""
+    rng = np.random.default_rng(seed)
+    at = 100 - rng.integers(0, 12, rng.integers(1, 60))
+    o = rng.integers(0, 40, at.size)
+    kept = strat._latest_steps(o, at, cap)
+    perm = rng.permutation(at.size)
+    assert sorted(strat._latest_steps(o[perm], at[perm], cap).tolist()) == sorted(kept.tolist())
+    steps = np.unique(at)[::-1]
+    counts = np.cumsum([np.sum(at == t) for t in steps])
+    fit = int(np.sum(counts <= cap)) if at.size > cap else steps.size
+    assert sorted(kept.tolist()) == sorted(o[np.isin(at, steps[:fit])].tolist())
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 12), st.lists(st.integers(0, 3), min_size=1, max_size=30))
 def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(seed, window, gaps):
@@ -324,4 +357,4 @@ def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(
         pool.observe(_observations(o, np.full(o.size, 8), rng.integers(0, 9, o.size), at))  # per-group steps
         latest = int(pool.last_step.max())
         for since in range(max(latest - window, 0), latest + 2):
-            assert np.array_equal(np.unique(tracker.recent(pool, since)), np.flatnonzero(pool.last_step >= since))
+            assert np.array_equal(np.unique(tracker.recent(pool, since)[0]), np.flatnonzero(pool.last_step >= since))

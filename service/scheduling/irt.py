@@ -215,13 +215,16 @@ class SkillDifficultyModel:
         th, th_var = self._skill(d, step)
         return th - mu0, var0 + th_var
 
-    def _belief(self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None):
-        """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``."""
+    def _belief(
+        self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int | np.ndarray, pred=None, seen=None
+    ):
+        """Current (μ, var) of the difficulty of prompts ``o``, drift applied up to ``step``
+        (``seen``: ``_seen_part(o, step)`` where the caller has it)."""
         mu0, var0 = self._prior_belief(d, prior_logit, pred)
         mu, var = np.array(mu0, np.float64), np.array(var0, np.float64)
         # The seen ones only (in a large pool most prompts are not): the same values as
         # np.where over all of them.
-        sel, os, st = self._seen_part(o, step)
+        sel, os, st = self._seen_part(o, step) if seen is None else seen
         if sel.size:
             gap = np.maximum(st - self.seen_step_[os], 0)
             mu[sel] = self.mu_[os]
@@ -352,7 +355,7 @@ class SkillDifficultyModel:
         dom = (self.lat_[:, 1:] + _LATENT_C * g[None, :]) / (self.lat_[:, :1] + _LATENT_C)
         return dom[:, 0], dom[:, 1]
 
-    def latent_probs(self, o: np.ndarray, d: np.ndarray, step, pred=None) -> tuple[np.ndarray, np.ndarray]:
+    def latent_probs(self, o: np.ndarray, d: np.ndarray, step, pred=None, seen=None) -> tuple[np.ndarray, np.ndarray]:
         """P(stuck), P(solved) of prompts ``o`` at ``step``: the posterior at their last
         update relaxed toward their domain's prior by the hazard; if unseen, the domain's
         prior, or where ``pred`` carries class residuals (the text prior's), the domain's
@@ -363,7 +366,7 @@ class SkillDifficultyModel:
         qs, qv = ps[d], pv[d]
         if pred is not None and len(pred) > 2:
             qs, qv = _class_prior(qs, qv, pred[2], pred[3])
-        sel, os, st = self._seen_part(o, step)  # the rest keep their prior
+        sel, os, st = self._seen_part(o, step) if seen is None else seen  # the rest keep their prior
         if sel.size:
             keep: float | np.ndarray = 1.0
             if self.latent_hazard > 0:
@@ -417,10 +420,10 @@ class SkillDifficultyModel:
 
     # -- reads ----------------------------------------------------------------------
     def logit(
-        self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int, pred=None
+        self, o: np.ndarray, d: np.ndarray, prior_logit: np.ndarray, step: int, pred=None, seen=None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Mean and variance of θ_d − b_i at ``step``."""
-        mu, var = self._belief(o, d, prior_logit, step, pred)
+        mu, var = self._belief(o, d, prior_logit, step, pred, seen)
         th, th_var = self._skill(d, step)
         return self._prompt_skill(o, th) - mu, var + th_var
 
@@ -440,11 +443,12 @@ class SkillDifficultyModel:
         """A Thompson draw of the pass rate (with the latent class drawn first when on);
         ``scale`` (a number, or one per prompt) multiplies the logit's standard deviation (1: a
         posterior draw)."""
-        x, v = self.logit(o, d, prior_logit, step, pred)
+        seen = self._seen_part(o, step)  # read once for both parts
+        x, v = self.logit(o, d, prior_logit, step, pred, seen)
         p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
         if not self.latent:
             return p
-        qs, qv = self.latent_probs(o, d, step, pred)
+        qs, qv = self.latent_probs(o, d, step, pred, seen)
         u = rng.random(x.shape)
         return np.where(u < qs, 0.0, np.where(u < qs + qv, 1.0, p))
 

@@ -159,6 +159,14 @@ class FrontierParams(StrategyParams):
         "prompts it has just seen is not thrown away by a candidate pool that holds a few percent of a large "
         "pool.",
     )
+    recent_max: float | None = Field(
+        None,
+        ge=0.0,
+        le=1e6,
+        description="With `recent_candidates`: at most this many times the batch of recent prompts, those of the "
+        "latest whole steps that fit (None: all of the window's). Bounds the plan's compute at that many more "
+        "candidates, whatever the window and the batch.",
+    )
     memo_halflife: float = Field(
         0.0,
         ge=0.0,
@@ -336,9 +344,12 @@ class Frontier(Strategy[FP]):
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
         if p.recent_candidates and (p.recent_memo_max is None or tracker.memorisation() <= p.recent_memo_max):
-            recent = tracker.recent(pool, max(step - p.recent_candidates, 0))
+            recent, at = tracker.recent(pool, max(step - p.recent_candidates, 0))
             if p.reuse_discount:  # the ones not yet discounted: re-use is not concentrated further
-                recent = recent[pool.groups[recent] <= p.reuse_free]
+                keep = pool.groups[recent] <= p.reuse_free
+                recent, at = recent[keep], at[keep]
+            if p.recent_max is not None:
+                recent = _latest_steps(recent, at, int(np.ceil(p.recent_max * B)))
             cand = np.sort(np.r_[cand, recent])  # np.union1d's result, by a sort (its hashing is slower here)
             cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
         n = req.rollout_budget / B
@@ -377,6 +388,16 @@ class Frontier(Strategy[FP]):
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
         return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)
+
+
+def _latest_steps(o: np.ndarray, at: np.ndarray, cap: int) -> np.ndarray:
+    """``o`` (reported at steps ``at``) restricted to its latest whole steps that together
+    hold at most ``cap`` entries: a set, whatever the order the reports came in."""
+    if o.size <= cap:
+        return o
+    back = at.max() - at
+    fit = np.searchsorted(np.cumsum(np.bincount(back)), cap, side="right")  # steps whose entries fit
+    return o[back < fit]
 
 
 def _probe_stale_domains(
@@ -827,6 +848,14 @@ class DefaultParams(FrontierParams):
         le=1_000_000,
         description="Prompts with a group in the last this many steps and at most `reuse_free` groups join the "
         "candidate pool (default 64; 0: off) — while the run's memorisation estimate is at most `recent_memo_max`.",
+    )
+    recent_max: float | None = Field(
+        16.0,
+        ge=0.0,
+        le=1e6,
+        description="At most this many times the batch of recent prompts, those of the latest whole steps that fit "
+        "(default 16, as many as the random candidates; None: the whole window): the plan scores at most twice "
+        "the candidates it scores without them.",
     )
     memo_halflife: float = Field(
         100.0,

@@ -126,13 +126,14 @@ class SkillTracker:
         self.memo_ += np.array([tot_r[1], tot_n[1], tot_r[0], tot_n[0], float(h @ diff), float(h.sum())])
         self.memo_weight_ += float(h.sum())
 
-    def recent(self, pool: PoolState, since: int) -> np.ndarray:
+    def recent(self, pool: PoolState, since: int) -> tuple[np.ndarray, np.ndarray]:
         """The prompts whose last group is at step ``since`` or later, for ``since`` ≥ the
         latest reported step − ``recent_window``: the set ``flatnonzero(pool.last_step >=
         since)`` gives, from the window's reports alone (each prompt at the entries of its
-        last step — twice only if that step reported it twice; unsorted)."""
+        last step — twice only if that step reported it twice; unsorted), and that step."""
         o, st = self.recent_o_, self.recent_s_
-        return o[(st >= since) & (st == pool.last_step[o])]
+        keep = (st >= since) & (st == pool.last_step[o])
+        return o[keep], st[keep]
 
     def memorisation(self, min_weight: float = 128.0) -> float:
         """The run's memorisation: per step, the mean excess pass rate of re-used prompts'
