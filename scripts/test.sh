@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with the server, the test tools, the CPU build of torch
 # and the trainer packages the plugin tests run against, then run the tests.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k plans -x`.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k plans -x`. The tests run in
+# ROLLPLAN_TEST_WORKERS processes (pytest-xdist, default 4: most of a test's time is spent
+# waiting on servers, databases and subprocesses; `-n 0` runs them in this process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -14,4 +16,4 @@ PIP=(.venv/bin/python -m pip install -q)
 # OpenRLHF hard-pins flash-attn and vLLM (GPU only); the plugin tests use the parts that
 # import on a CPU machine.
 "${PIP[@]}" --no-deps 'openrlhf==0.11.2'
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${ROLLPLAN_TEST_WORKERS:-4}" "$@"
