@@ -99,6 +99,29 @@ def test_all_pass_streak_makes_a_prompt_solved_and_hazard_relaxes_it():
     assert later == pytest.approx(prior + (qv[0] - prior) * 0.95**197, rel=1e-9)
 
 
+def test_stuck_evidence_reopens_with_the_domain_s_skill_not_with_the_steps():
+    """`latent_reopen`: a prompt held stuck keeps that evidence while its domain's skill
+    stands still, however many steps pass, and lets it go by exp(−r·gain) toward the
+    domain's share as the domain's other prompts start passing."""
+    m = _model(latent_reopen=1.0)
+    _obs(m, np.arange(1, 41), 8, 5, 0)  # the domain: mixed groups, most of them passing
+    for step in range(1, 5):
+        _obs(m, 0, 8, 0, step)
+    qs = m.latent_probs(np.array([0]), np.array([0]), 4)[0][0]
+    assert qs > 0.99
+    assert m.latent_probs(np.array([0]), np.array([0]), 3000)[0][0] == qs  # no skill gained: no fading
+    at = float(m.skill_seen_[0])
+    for step in range(5, 40):  # the domain's skill rises
+        _obs(m, np.arange(1, 41), 8, 7, step)
+    gain = float(m.skill_now()[0]) - at
+    share = m.latent_prior()[0][0]
+    assert gain > 0.5
+    got = m.latent_probs(np.array([0]), np.array([0]), 40)[0][0]
+    stored = float(m.q_stuck_[0])
+    assert got == pytest.approx(share + (stored - share) * np.exp(-gain), rel=1e-6)
+    assert got < 0.6
+
+
 def test_wrong_labels_do_not_drag_their_domains_skill_down():
     """Half the groups are wrong labels (0/8 every time): with the latent classes the
     domain's skill stays near the skill the other half shows (4/8 ≈ logit 0)."""

@@ -86,6 +86,7 @@ class SkillDifficultyModel:
         latent: bool = False,
         latent_hazard: float = 0.0,
         em: bool = False,
+        latent_reopen: float = 0.0,
         skill_share: float = 0.0,
     ) -> None:
         self.em = em
@@ -93,6 +94,7 @@ class SkillDifficultyModel:
         self.skill_transfer = skill_transfer
         self.latent = latent
         self.latent_hazard = latent_hazard
+        self.latent_reopen = latent_reopen
         self.skill_drift = skill_drift
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
@@ -103,7 +105,7 @@ class SkillDifficultyModel:
         self.tau_ = np.zeros(0, np.float32)  # 0 = never seen
         self.seen_step_ = np.zeros(0, np.int32)
         # The domain's skill when the prompt was last updated; only read (and kept) with
-        # skill_transfer < 1.
+        # skill_transfer < 1 or latent_reopen > 0.
         self.skill_seen_ = np.zeros(0, np.float32)
         self.theta_ = np.zeros(1)
         self.theta_var_ = np.full(1, 1.0)
@@ -131,7 +133,7 @@ class SkillDifficultyModel:
         self.mu_ = grow(self.mu_, size, 0.0)
         self.tau_ = grow(self.tau_, size, 0.0)
         self.seen_step_ = grow(self.seen_step_, size, -1)
-        if self.skill_transfer != 1.0:
+        if self._keeps_skill_seen:
             self.skill_seen_ = grow(self.skill_seen_, size, 0.0)
         if self.latent:
             self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
@@ -326,7 +328,7 @@ class SkillDifficultyModel:
         self.tau_[o] = tau
         self.seen_step_ = widen(self.seen_step_, int(np.max(step)))
         self.seen_step_[o] = np.maximum(self.seen_step_[o], step)
-        if self.skill_transfer != 1.0:
+        if self._keeps_skill_seen:
             self.skill_seen_[o] = th
         np.add.at(self.dom_, d, self._moment_contrib(o) - old)
 
@@ -371,9 +373,14 @@ class SkillDifficultyModel:
             keep: float | np.ndarray = 1.0
             if self.latent_hazard > 0:
                 keep = (1.0 - self.latent_hazard) ** np.maximum(st - self.seen_step_[os], 0)
+            keep_s = keep_v = keep
+            if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
+                rise = self.skill_now()[d[sel]] - self.skill_seen_[os].astype(np.float64)
+                keep_s = keep * np.exp(-self.latent_reopen * np.maximum(rise, 0.0))
+                keep_v = keep * np.exp(-self.latent_reopen * np.maximum(-rise, 0.0))
             a, b = ps[d[sel]], pv[d[sel]]  # a seen prompt relaxes toward its domain's shares
-            qs[sel] = a + (self.q_stuck_[os].astype(np.float64) - a) * keep
-            qv[sel] = b + (self.q_solved_[os].astype(np.float64) - b) * keep
+            qs[sel] = a + (self.q_stuck_[os].astype(np.float64) - a) * keep_s
+            qv[sel] = b + (self.q_solved_[os].astype(np.float64) - b) * keep_v
         return qs, qv
 
     def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var, pred=None) -> np.ndarray:
@@ -405,8 +412,12 @@ class SkillDifficultyModel:
         qs, qv = self.q_stuck_[o].astype(np.float64), self.q_solved_[o].astype(np.float64)
         return np.stack([seen.astype(float), np.where(seen, qs, 0.0), np.where(seen, qv, 0.0)], axis=1)
 
+    @property
+    def _keeps_skill_seen(self) -> bool:
+        return self.skill_transfer != 1.0 or self.latent_reopen > 0
+
     def move_domain(self, o: np.ndarray, old_d: np.ndarray, new_d: np.ndarray) -> None:
-        if self.skill_transfer != 1.0:
+        if self._keeps_skill_seen:
             base = self.skill_seen_[o].astype(np.float64)
             th = self.skill_now()
             self.skill_seen_[o] = th[new_d] - (th[old_d] - base)

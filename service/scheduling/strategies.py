@@ -241,6 +241,14 @@ class FrontierParams(StrategyParams):
         le=1.0,
         description="Per step, how much of a prompt's stuck/solved evidence fades back toward its domain's prior.",
     )
+    latent_reopen: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="Per logit of its domain's skill gained since a prompt's last group, how much of its stuck "
+        "evidence fades back toward its domain's prior (exp(−r·gain); its solved evidence likewise per logit "
+        "lost): stuck relative to the policy of the time, re-opened by progress rather than by the steps.",
+    )
     em: bool = Field(
         False,
         description="Empirical Bayes by EM: a domain's spread of difficulties includes its prompts' posterior "
@@ -294,6 +302,7 @@ class Frontier(Strategy[FP]):
             skill_transfer=p.skill_transfer,
             latent=p.latent,
             latent_hazard=p.latent_hazard,
+            latent_reopen=p.latent_reopen,
             em=p.em,
             skill_share=p.skill_share,
         )
