@@ -441,11 +441,12 @@ class SkillDifficultyModel:
     def predict(self, o, d, prior_logit, step, pred=None) -> np.ndarray:
         """Predicted pass rate: the item-response mean (probit approximation), mixed with
         the latent classes when they are on."""
-        x, v = self.logit(o, d, prior_logit, step, pred)
+        seen = self._seen_part(o, step)  # read once for both parts
+        x, v = self.logit(o, d, prior_logit, step, pred, seen)
         p = _sigmoid(x / np.sqrt(1.0 + np.pi * v / 8.0))
         if not self.latent:
             return p
-        qs, qv = self.latent_probs(o, d, step, pred)
+        qs, qv = self.latent_probs(o, d, step, pred, seen)
         return _p_normal(qs, qv) * p + qv
 
     def sample(
@@ -467,14 +468,15 @@ class SkillDifficultyModel:
         """The posterior expectation of a group's score, P(normal) × E[f(p)] over the
         logit's Gaussian (Gauss–Hermite); f = 1 − pⁿ − (1−p)ⁿ (P(informative)) or
         4p(1−p) (learnability). Stuck and solved prompts score 0."""
-        x, v = self.logit(o, d, prior_logit, step, pred)
+        seen = self._seen_part(o, step)
+        x, v = self.logit(o, d, prior_logit, step, pred, seen)
         z, wq = _GH
         p = _sigmoid(x[:, None] + np.sqrt(v)[:, None] * z[None, :])
         f = 1.0 - p**n - (1.0 - p) ** n if kind == "informative" else 4.0 * p * (1.0 - p)
         out = f @ wq
         if not self.latent:
             return out
-        return _p_normal(*self.latent_probs(o, d, step, pred)) * out
+        return _p_normal(*self.latent_probs(o, d, step, pred, seen)) * out
 
 
 def _class_prior(qs: np.ndarray, qv: np.ndarray, rs: np.ndarray, rv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
