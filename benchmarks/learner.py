@@ -1146,6 +1146,13 @@ def main(argv: list[str] | None = None) -> dict:
         default=max(1, min(16, (os.cpu_count() or 2))),
         help="parallel processes, one (arm, seed) each",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per process (default: the CPUs divided by --workers; set it when several "
+        "benchmarks share the machine)",
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument(
         "--keep-groups",
@@ -1186,7 +1193,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workers = max(1, args.workers)
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // workers)
     torch.set_num_threads(threads)
     t_all = time.perf_counter()
     ctx = mp.get_context("spawn")
@@ -1221,8 +1228,11 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     jobs.sort(key=lambda j: j["arm"] not in ("dapo", *ORACLE_ARMS))  # the longest first, so none starts last
     rows = []
+    (out / "rows.jsonl").write_text("")
     for r in pmap(run_arm, jobs):
         rows.append(r)
+        with open(out / "rows.jsonl", "a") as f:  # each (arm, seed) as it finishes: a cut-short run keeps them
+            f.write(json.dumps(r) + "\n")
         print(
             f"seed {r['seed']} {r['arm']:18s} acc {r['initial_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
             f"eff {r['effective_ratio']:.3f} rollouts {r['rollouts']:,} ({r['wall_s']:.0f} s, "

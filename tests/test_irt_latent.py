@@ -381,3 +381,31 @@ def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(
         latest = int(pool.last_step.max())
         for since in range(max(latest - window, 0), latest + 2):
             assert np.array_equal(np.unique(tracker.recent(pool, since)[0]), np.flatnonzero(pool.last_step >= since))
+
+
+def test_evidence_decay_keeps_a_wrong_label_out_and_lets_a_hard_prompt_back():
+    """`latent_decay`: the stuck evidence of a prompt that failed where its level passed
+    (a wrong label) outlasts, by many steps, that of a prompt that failed where its level
+    failed too (too hard for the policy of the time); both come back to the domain's share
+    once their evidence is spent, and a prompt ruled out by a mixed group stays out."""
+    easy, hard = _model(latent_decay=0.02), _model(latent_decay=0.02)
+    for step in range(4):
+        _obs(easy, np.arange(1, 41), 8, 7, step)  # a level the policy passes
+        _obs(hard, np.arange(1, 41), 8, 0.3, step)  # a level it mostly fails
+        _obs(easy, 0, 8, 0, step)
+        _obs(hard, 0, 8, 0, step)
+    o, d = np.array([0]), np.array([0])
+    q_easy0, q_hard0 = easy.latent_probs(o, d, 3)[0][0], hard.latent_probs(o, d, 3)[0][0]
+    assert q_easy0 > 0.99 and q_easy0 > q_hard0
+    # the same nats forgotten by both: the weak evidence is gone, the strong one is not
+    q_easy, q_hard = easy.latent_probs(o, d, 103)[0][0], hard.latent_probs(o, d, 103)[0][0]
+    assert q_easy > 0.9
+    assert q_hard == pytest.approx(hard.latent_prior()[0][0] / (1 - hard.latent_prior()[1][0]), rel=1e-6)
+    # the posterior is exactly Bayes' rule with the log Bayes factor less 0.02 nats a step
+    a, b = (x[0] for x in easy.latent_prior())
+    qs0 = float(easy.q_stuck_[0])
+    lbf = np.log(qs0 / (1 - qs0)) - np.log(a / (1 - a - b))  # the solved class is ruled out
+    want = a * np.exp(lbf - 2.0) / (a * np.exp(lbf - 2.0) + 1 - a - b)
+    assert q_easy == pytest.approx(want, rel=1e-6)
+    assert easy.latent_probs(o, d, 100_000)[0][0] == pytest.approx(a / (1 - b), rel=1e-6)
+    assert easy.latent_probs(o, d, 100_000)[1][0] == 0.0  # ruled out by its failures: stays out

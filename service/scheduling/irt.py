@@ -46,7 +46,11 @@ all-fail group weighs more when the prompt's level has improved since it was las
 (the item-response model then expected it to pass more often). A mixed group rules out
 both latent classes for good. Between observations the class relaxes toward the prior
 with hazard ``latent_hazard`` per step (a stuck prompt may become reachable, a solved one
-regress). Groups of likely-stuck or -solved prompts count in the domain's skill and in its
+regress); ``latent_hazard_stuck`` and ``latent_hazard_solved`` set each class's own. With
+``latent_decay`` r instead, what fades is the *evidence*: each class's log Bayes factor
+against normal loses r nats per step since the prompt's last group (``_decay_evidence``), so
+a wrong label that failed where its level passed stays out for long, and a hard prompt that
+failed where its level failed too comes back within steps. Groups of likely-stuck or -solved prompts count in the domain's skill and in its
 difficulty distribution with the posterior weight of "normal", so wrong labels do not drag
 their level's skill down. Predictions are the mixture, p = P(normal)·p_irt + P(solved);
 a Thompson draw samples the class, then the pass rate. Where ``pred`` carries two more
@@ -88,13 +92,20 @@ class SkillDifficultyModel:
         em: bool = False,
         latent_reopen: float = 0.0,
         skill_share: float = 0.0,
+        latent_hazard_stuck: float | None = None,
+        latent_hazard_solved: float | None = None,
+        latent_decay: float = 0.0,
     ) -> None:
         self.em = em
         self.skill_share = skill_share
         self.skill_transfer = skill_transfer
         self.latent = latent
         self.latent_hazard = latent_hazard
+        # Each class's own hazard (None: ``latent_hazard``).
+        self.hazard_stuck = latent_hazard if latent_hazard_stuck is None else latent_hazard_stuck
+        self.hazard_solved = latent_hazard if latent_hazard_solved is None else latent_hazard_solved
         self.latent_reopen = latent_reopen
+        self.latent_decay = latent_decay
         self.skill_drift = skill_drift
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
@@ -370,17 +381,22 @@ class SkillDifficultyModel:
             qs, qv = _class_prior(qs, qv, pred[2], pred[3])
         sel, os, st = self._seen_part(o, step) if seen is None else seen  # the rest keep their prior
         if sel.size:
-            keep: float | np.ndarray = 1.0
-            if self.latent_hazard > 0:
-                keep = (1.0 - self.latent_hazard) ** np.maximum(st - self.seen_step_[os], 0)
-            keep_s = keep_v = keep
+            keep_s: float | np.ndarray = 1.0
+            keep_v: float | np.ndarray = 1.0
+            if self.hazard_stuck > 0 or self.hazard_solved > 0:
+                gap = np.maximum(st - self.seen_step_[os], 0)
+                keep_s = (1.0 - self.hazard_stuck) ** gap if self.hazard_stuck > 0 else 1.0
+                keep_v = keep_s if self.hazard_solved == self.hazard_stuck else (1.0 - self.hazard_solved) ** gap
             if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
                 rise = self.skill_now()[d[sel]] - self.skill_seen_[os].astype(np.float64)
-                keep_s = keep * np.exp(-self.latent_reopen * np.maximum(rise, 0.0))
-                keep_v = keep * np.exp(-self.latent_reopen * np.maximum(-rise, 0.0))
+                keep_s = keep_s * np.exp(-self.latent_reopen * np.maximum(rise, 0.0))
+                keep_v = keep_v * np.exp(-self.latent_reopen * np.maximum(-rise, 0.0))
             a, b = ps[d[sel]], pv[d[sel]]  # a seen prompt relaxes toward its domain's shares
-            qs[sel] = a + (self.q_stuck_[os].astype(np.float64) - a) * keep_s
-            qv[sel] = b + (self.q_solved_[os].astype(np.float64) - b) * keep_v
+            s0, v0 = self.q_stuck_[os].astype(np.float64), self.q_solved_[os].astype(np.float64)
+            if self.latent_decay > 0:
+                s0, v0 = _decay_evidence(s0, v0, a, b, self.latent_decay * np.maximum(st - self.seen_step_[os], 0))
+            qs[sel] = a + (s0 - a) * keep_s
+            qv[sel] = b + (v0 - b) * keep_v
         return qs, qv
 
     def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var, pred=None) -> np.ndarray:
@@ -488,6 +504,30 @@ def _class_prior(qs: np.ndarray, qv: np.ndarray, rs: np.ndarray, rv: np.ndarray)
         f = 1.0 - over / np.maximum(s + v, 1e-12)
         s, v = s * f, v * f
     return s, v
+
+
+def _decay_evidence(
+    qs: np.ndarray, qv: np.ndarray, a: np.ndarray, b: np.ndarray, nats: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Posteriors ``qs``, ``qv`` (stuck, solved) with ``nats`` of each class's evidence
+    forgotten: the log Bayes factor of each class against normal, relative to the prior
+    shares ``a``, ``b``, moved toward 0 by ``nats`` (never past it), then back to
+    probabilities. Weak evidence (all-fail groups where the item-response model expected
+    fails anyway: a hard prompt of a level the policy cannot pass yet) is gone in a few
+    steps; strong evidence (all-fail where the level passes: a wrong label) lasts in
+    proportion to its strength. A class ruled out by a mixed group stays out."""
+    tiny = 1e-12
+    qn = np.maximum(1.0 - qs - qv, tiny)
+    an = np.maximum(1.0 - a - b, tiny)
+    with np.errstate(divide="ignore"):
+        ls = np.log(qs) - np.log(qn) - np.log(a) + np.log(an)
+        lv = np.log(qv) - np.log(qn) - np.log(b) + np.log(an)
+    ls = np.sign(ls) * np.maximum(np.abs(ls) - nats, 0.0)  # -inf (ruled out) stays -inf
+    lv = np.sign(lv) * np.maximum(np.abs(lv) - nats, 0.0)
+    top = np.maximum(np.maximum(ls + np.log(a), lv + np.log(b)), np.log(an))
+    es, ev, en = np.exp(ls + np.log(a) - top), np.exp(lv + np.log(b) - top), np.exp(np.log(an) - top)
+    z = es + ev + en
+    return es / z, ev / z
 
 
 def _p_normal(q_stuck: np.ndarray, q_solved: np.ndarray) -> np.ndarray:

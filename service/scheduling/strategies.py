@@ -241,6 +241,29 @@ class FrontierParams(StrategyParams):
         le=1.0,
         description="Per step, how much of a prompt's stuck/solved evidence fades back toward its domain's prior.",
     )
+    latent_hazard_stuck: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="The stuck class's own hazard (None: `latent_hazard`): per step since a prompt's last group, "
+        "how much of its evidence of never passing fades back toward its domain's prior.",
+    )
+    latent_hazard_solved: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="The solved class's own hazard (None: `latent_hazard`): per step since a prompt's last group, "
+        "how much of its evidence of always passing fades back toward its domain's prior.",
+    )
+    latent_decay: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="Nats of a prompt's stuck and solved evidence forgotten per step since its last group (0: off): "
+        "each class's log Bayes factor against the item-response class moves toward 0, so evidence fades in "
+        "proportion to its weakness — all-fail groups of a level the policy could not pass yet are forgotten "
+        "within steps, a wrong label that failed where its level passed stays out for long.",
+    )
     latent_reopen: float = Field(
         0.0,
         ge=0.0,
@@ -303,6 +326,9 @@ class Frontier(Strategy[FP]):
             latent=p.latent,
             latent_hazard=p.latent_hazard,
             latent_reopen=p.latent_reopen,
+            latent_hazard_stuck=p.latent_hazard_stuck,
+            latent_hazard_solved=p.latent_hazard_solved,
+            latent_decay=p.latent_decay,
             em=p.em,
             skill_share=p.skill_share,
         )
