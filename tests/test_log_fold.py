@@ -31,7 +31,13 @@ P, STEPS, BATCH, GROUPS, N = 24, 4, 4, 6, 4
 PT, GT = 90, 30  # the text scenario: enough seen prompts for the text prior to fit
 NAMES = sorted(strat.REGISTRY)
 # Every strategy, and the parameters whose state is kept only when set.
-SPECS = [*NAMES, {"name": "default", "params": {"latent_hazard": 0.0, "latent_reopen": 1.0}}]
+SPECS = [
+    *NAMES,
+    {
+        "name": "default",
+        "params": {"latent_hazard": 0.0, "latent_reopen": 1.0, "latent_decay": 0.01, "latent_hazard_solved": 0.001},
+    },
+]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -156,7 +162,7 @@ def plan_items(c: TestClient, run_id: str, step: int) -> list:
     return [(i["prompt_id"], i["rollouts"], i["predicted_pass_rate"]) for i in r["items"]]
 
 
-@pytest.mark.parametrize("name", SPECS, ids=lambda n: n if isinstance(n, str) else "default-reopen")
+@pytest.mark.parametrize("name", SPECS, ids=lambda n: n if isinstance(n, str) else "default-opt-in")
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(scn=scenarios())
