@@ -907,6 +907,15 @@ class DefaultParams(FrontierParams):
         "often than predicted, beyond first-time groups' excess (default 0.05; None: always): re-use where it "
         "teaches, not where the policy memorises.",
     )
+    uniform_share: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="Share of the batch drawn uniformly from the rest of the candidate pool, prompts held stuck or "
+        "solved left out (default ¼; 0: off): a floor of uniform sampling's coverage. On the GRPO learner a "
+        "curriculum that narrows onto the prompts the model ranks best ends below uniform; this share keeps it at "
+        "or above uniform at every checkpoint, at a cost on the simulator worlds (RESULTS.md).",
+    )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
     latent_hazard: float = Field(
         0.002,
@@ -936,8 +945,10 @@ class Default(Frontier[DefaultParams]):
         "stuck/solved latent classes per prompt whose evidence fades back toward the prior as the policy moves on, an EM-estimated spread of difficulties per domain, a "
         "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
         "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), "
-        "diminishing returns of re-use once a prompt has had more than 8 groups, and the prompts of the last 64 "
-        "steps in the candidate pool while the run's own estimate of memorisation says re-use is not memorised."
+        "diminishing returns of re-use once a prompt has had more than 8 groups, the prompts of the last 64 "
+        "steps in the candidate pool while the run's own estimate of memorisation says re-use is not memorised, "
+        "and a quarter of the batch drawn uniformly from the rest of the candidates (those not held stuck or solved "
+        "first): a floor of uniform sampling's coverage, so that a long run does not narrow onto a few prompts."
     )
     Params = DefaultParams
 
