@@ -1,5 +1,6 @@
 """`default`'s plan compute at P prompts with its recent candidates off, on (the memorisation gate open;
-at most `recent_max` × the batch of them, as in `default`) and on without that cap.
+at most `recent_max` × the batch of them, as in `default`) and on without that cap, and as `default` but
+without its uniform quarter of the batch (`uniform_share` 0).
 
     python -m rollplan.benchmarks.plan_compute 1000000
 
@@ -23,7 +24,12 @@ def main(argv: list[str] | None = None) -> dict:
     P = int((argv if argv is not None else sys.argv[1:])[0])
     B = 1024
     out = {"prompts": P}
-    arms = (("recent_off", {"recent_candidates": 0}), ("recent_on", {}), ("recent_uncapped", {"recent_max": None}))
+    arms = (
+        ("recent_off", {"recent_candidates": 0}),
+        ("recent_on", {}),
+        ("recent_uncapped", {"recent_max": None}),
+        ("uniform_share_off", {"uniform_share": 0.0}),
+    )
     for name, params in arms:
         rng = np.random.default_rng(0)
         s = strat.build("default", {"text_prior": False, **params})
