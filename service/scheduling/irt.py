@@ -383,8 +383,8 @@ class SkillDifficultyModel:
         if sel.size:
             keep_s: float | np.ndarray = 1.0
             keep_v: float | np.ndarray = 1.0
-            if self.hazard_stuck > 0 or self.hazard_solved > 0:
-                gap = np.maximum(st - self.seen_step_[os], 0)
+            if self.hazard_stuck > 0 or self.hazard_solved > 0 or self.latent_decay > 0:
+                gap = np.maximum(st - self.seen_step_[os], 0)  # steps since the prompt's last group
                 keep_s = (1.0 - self.hazard_stuck) ** gap if self.hazard_stuck > 0 else 1.0
                 keep_v = keep_s if self.hazard_solved == self.hazard_stuck else (1.0 - self.hazard_solved) ** gap
             if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
@@ -394,7 +394,7 @@ class SkillDifficultyModel:
             a, b = ps[d[sel]], pv[d[sel]]  # a seen prompt relaxes toward its domain's shares
             s0, v0 = self.q_stuck_[os].astype(np.float64), self.q_solved_[os].astype(np.float64)
             if self.latent_decay > 0:
-                s0, v0 = _decay_evidence(s0, v0, a, b, self.latent_decay * np.maximum(st - self.seen_step_[os], 0))
+                s0, v0 = _decay_evidence(s0, v0, a, b, self.latent_decay * gap)
             qs[sel] = a + (s0 - a) * keep_s
             qv[sel] = b + (v0 - b) * keep_v
         return qs, qv
@@ -412,15 +412,13 @@ class SkillDifficultyModel:
             ls = np.where(fail, np.log(qs) - log_normal, -np.inf)
             lv = np.where(win, np.log(qv) - log_normal, -np.inf)
             ln = np.log(np.maximum(qn, 1e-300))
-        top = np.maximum(np.maximum(ls, lv), ln)
-        es, ev, en = np.exp(ls - top), np.exp(lv - top), np.exp(ln - top)
-        z = es + ev + en
+        ps, pv, pn = _normalise_classes(ls, lv, ln)
         old = self._latent_contrib(o)
-        self.q_stuck_[o] = es / z
-        self.q_solved_[o] = ev / z
+        self.q_stuck_[o] = ps
+        self.q_solved_[o] = pv
         # The prompt counts as seen from here on (its τ is set by the caller's update).
-        np.add.at(self.lat_, d, np.stack([np.ones(o.size), es / z, ev / z], axis=1) - old)
-        return en / z
+        np.add.at(self.lat_, d, np.stack([np.ones(o.size), ps, pv], axis=1) - old)
+        return pn
 
     def _latent_contrib(self, o: np.ndarray) -> np.ndarray:
         """Prompts ``o``'s terms in their domain's latent sums: (1, P(stuck), P(solved)), 0 if unseen."""
@@ -518,16 +516,22 @@ def _decay_evidence(
     proportion to its strength. A class ruled out by a mixed group stays out."""
     tiny = 1e-12
     qn = np.maximum(1.0 - qs - qv, tiny)
-    an = np.maximum(1.0 - a - b, tiny)
+    la, lb, lan = np.log(a), np.log(b), np.log(np.maximum(1.0 - a - b, tiny))
     with np.errstate(divide="ignore"):
-        ls = np.log(qs) - np.log(qn) - np.log(a) + np.log(an)
-        lv = np.log(qv) - np.log(qn) - np.log(b) + np.log(an)
+        ls = np.log(qs) - np.log(qn) - la + lan
+        lv = np.log(qv) - np.log(qn) - lb + lan
     ls = np.sign(ls) * np.maximum(np.abs(ls) - nats, 0.0)  # -inf (ruled out) stays -inf
     lv = np.sign(lv) * np.maximum(np.abs(lv) - nats, 0.0)
-    top = np.maximum(np.maximum(ls + np.log(a), lv + np.log(b)), np.log(an))
-    es, ev, en = np.exp(ls + np.log(a) - top), np.exp(lv + np.log(b) - top), np.exp(np.log(an) - top)
+    ps, pv, _ = _normalise_classes(ls + la, lv + lb, lan)
+    return ps, pv
+
+
+def _normalise_classes(ls: np.ndarray, lv: np.ndarray, ln) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P(stuck), P(solved), P(normal) from the classes' unnormalised log-weights (log-sum-exp)."""
+    top = np.maximum(np.maximum(ls, lv), ln)
+    es, ev, en = np.exp(ls - top), np.exp(lv - top), np.exp(ln - top)
     z = es + ev + en
-    return es / z, ev / z
+    return es / z, ev / z, en / z
 
 
 def _p_normal(q_stuck: np.ndarray, q_solved: np.ndarray) -> np.ndarray:
