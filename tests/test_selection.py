@@ -162,6 +162,47 @@ def test_candidate_pool():
     assert sel.candidate_pool(1000, 32, 0.5, rng).size == 32  # never below the batch
 
 
+@given(st.integers(0, 40), st.integers(0, 45), st.integers(1, 5), st.integers(0, 2**32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_draw_passing_takes_those_that_pass_first(n, k, head, seed):
+    items = np.arange(100, 100 + n)
+    passes = items % 3 == 0  # a third pass
+    calls: list[int] = []
+
+    def test(x: np.ndarray) -> np.ndarray:
+        calls.append(x.size)
+        return x % 3 == 0
+
+    got = sel.draw_passing(items, k, test, np.random.default_rng(seed), head=head)
+    kk = min(k, n)
+    assert got.size == kk and np.unique(got).size == kk and np.isin(got, items).all()
+    ok = got % 3 == 0
+    # Every one that passes comes before any that does not, and none that does not is
+    # taken while one that passes is left.
+    assert not (ok[1:] & ~ok[:-1]).any()
+    assert ok.sum() == min(kk, passes.sum())
+    assert sum(calls) <= n and (not calls or calls[0] <= max(head * kk, kk))
+
+
+def test_draw_passing_is_uniform_among_those_that_pass():
+    items = np.arange(30)
+    passes = lambda x: x >= 10  # noqa: E731 - 20 pass
+    counts = np.zeros(30)
+    rng = np.random.default_rng(7)
+    for _ in range(4000):
+        counts[sel.draw_passing(items, 5, passes, rng, head=1)] += 1
+    assert counts[:10].sum() == 0
+    # Each of the 20 is drawn with probability 5/20: a chi-square test of the counts.
+    assert stats.chisquare(counts[10:]).pvalue > 1e-3
+    # Fewer pass than asked (the rest from the tail, uniformly): all 20, then 5 of the 10 others.
+    counts[:] = 0
+    for _ in range(4000):
+        got = sel.draw_passing(items, 25, passes, rng, head=1)
+        assert set(got[:20].tolist()) == set(range(10, 30))
+        counts[got[20:]] += 1
+    assert stats.chisquare(counts[:10]).pvalue > 1e-3
+
+
 def test_gumbel_top1_frequencies():
     probs = np.array([0.5, 0.25, 0.15, 0.07, 0.03, 0.0])
     rng = np.random.default_rng(12345)

@@ -299,3 +299,25 @@ def sample_without_replacement(probs: np.ndarray, k: int, rng: np.random.Generat
     with np.errstate(divide="ignore"):
         key = np.log(p) + rng.gumbel(size=p.shape)
     return top_k(key, k)
+
+
+
+def draw_passing(items: np.ndarray, k: int, passes, rng: np.random.Generator, head: int = 4) -> np.ndarray:
+    """``k`` of ``items`` drawn uniformly without replacement among those for which
+    ``passes`` (a vectorised test of an array of items) holds, then, if fewer than ``k``
+    pass, uniformly among the rest: the first ``k`` of ``np.r_[order[ok], order[~ok]]`` for
+    a uniform permutation ``order`` of the items. The permutation's head of ``head·k`` is
+    drawn first (O(k)) and only it is tested; the rest is permuted and tested only when the
+    head holds fewer than ``k`` that pass."""
+    k = int(min(max(k, 0), items.size))
+    m = min(items.size, max(head * k, k))
+    first = rng.choice(items.size, m, replace=False)  # a uniform ordered sample: the head
+    order = items[first]
+    ok = np.asarray(passes(order), bool)
+    if int(ok.sum()) >= k or m == items.size:
+        return np.r_[order[ok], order[~ok]][:k]
+    left = np.ones(items.size, bool)
+    left[first] = False
+    tail = rng.permutation(items[left])
+    ok_t = np.asarray(passes(tail), bool)
+    return np.r_[order[ok], tail[ok_t], order[~ok], tail[~ok_t]][:k]

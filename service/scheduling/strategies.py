@@ -412,13 +412,18 @@ class Frontier(Strategy[FP]):
         if k_u:
             rest = np.ones(cand.size, bool)
             rest[top] = False
-            pick = np.flatnonzero(rest)
+            left = np.flatnonzero(rest)
             if tracker.model.latent:  # those not held stuck or solved first, then the rest
-                qs, qv = tracker.latent_probs(pool, cand[pick], step)
-                ok = (qs <= 0.5) & (qv <= 0.5)
-                pick = np.r_[rng.permutation(pick[ok]), rng.permutation(pick[~ok])]
+
+                def not_held(i: np.ndarray) -> np.ndarray:
+                    qs, qv = tracker.latent_probs(pool, cand[i], step)
+                    return (qs <= 0.5) & (qv <= 0.5)
+
+                # A uniform draw among those not held that reads the classes of about 4·k_u
+                # of the leftovers, not of every one.
+                pick = selection.draw_passing(left, k_u, not_held, rng)
             else:
-                pick = rng.permutation(pick)
+                pick = left[rng.choice(left.size, min(k_u, left.size), replace=False)]
             top = np.r_[top, pick[:k_u]]
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
