@@ -96,3 +96,38 @@ def test_a_plan_stored_before_the_packing_still_reads_back(client):
     _engine(client).forget("old")
     again = client.post("/v1/runs/old/plans", json={"batch_size": 8, "step": 0})
     assert again.status_code == 200 and again.json() == want
+
+
+def test_a_plan_writes_in_one_statement_and_a_stored_plan_reads_in_one(client):
+    """The plan's path, statement by statement (behaviour, not speed): a new plan is the
+    locked context read and one write (three on SQLite, no ORM flush of the log position the
+    write already sets); a stored plan asked again is the locked read and one read of the
+    plan with its packed items."""
+    from sqlalchemy import event
+
+    _run(client, "rt")
+    client.post("/v1/runs/rt/plans", json={"batch_size": 8, "step": 0}).raise_for_status()
+    app = client.app
+    while not hasattr(app, "state"):
+        app = app.app
+    sql, seen = app.state.sql_engine, []
+
+    def log(conn, cursor, statement, params, context, executemany):
+        seen.append(" ".join(statement.split()))
+
+    event.listen(sql, "before_cursor_execute", log)
+    try:
+        r = client.post("/v1/runs/rt/plans", json={"batch_size": 8, "step": 1})
+        assert r.status_code == 201
+        new, seen[:] = list(seen), []
+        again = client.post("/v1/runs/rt/plans", json={"batch_size": 8, "step": 1})
+        assert again.status_code == 200 and again.json() == r.json()
+        stored = list(seen)
+    finally:
+        event.remove(sql, "before_cursor_execute", log)
+    pg = sql.dialect.name == "postgresql"
+    writes = [q for q in new if q.split()[0] in ("INSERT", "UPDATE", "WITH")]
+    assert len(writes) == (1 if pg else 3), new
+    assert not any(q.startswith("UPDATE runs SET log_seq=") for q in new), new  # no flush of its own
+    plan_reads = [q for q in stored if "FROM plans" in q and "plans.items" in q]
+    assert len(plan_reads) == 1 and not any(q.startswith("SELECT plans.items") for q in stored), stored

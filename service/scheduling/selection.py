@@ -301,7 +301,6 @@ def sample_without_replacement(probs: np.ndarray, k: int, rng: np.random.Generat
     return top_k(key, k)
 
 
-
 def draw_passing(items: np.ndarray, k: int, passes, rng: np.random.Generator, head: int = 4) -> np.ndarray:
     """``k`` of ``items`` drawn uniformly without replacement among those for which
     ``passes`` (a vectorised test of an array of items) holds, then, if fewer than ``k``

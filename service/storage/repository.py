@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import func, select, text, update
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker
+from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker, undefer
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..log.events import Event, PromptsEvent, ReportEvent, SealEvent, StrategyEvent
@@ -619,7 +619,8 @@ def plan_of_step(s: Session, run_pk: int, step: int) -> Plan | None:
 
 
 def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
-    return s.scalar(select(Plan).where(Plan.id == plan_id, Plan.run_pk == run_pk))
+    """The plan with its packed items (both callers read them): one round trip."""
+    return s.scalar(select(Plan).options(undefer(Plan.items)).where(Plan.id == plan_id, Plan.run_pk == run_pk))
 
 
 _PLAN_COLUMNS = (
@@ -654,6 +655,9 @@ def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, co
     else:
         plan.items, plan.items_indexed = None, True
     params = {c: getattr(plan, c) for c in _PLAN_COLUMNS}
+    # The statement below writes the log position ``take_seq`` set on the row: marked as
+    # written, so that no flush writes it again in a round trip of its own.
+    set_committed_value(run, "log_seq", plan.log_seq)
     if is_postgres(s):
         s.execute(_PG_PLAN, params)
     else:
@@ -661,7 +665,6 @@ def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, co
             s.execute(q, params)
     if costs is not None:
         insert_plan_items(s, plan.id, 0, 0, ordinals, rollouts, predicted, costs)
-    set_committed_value(run, "log_seq", plan.log_seq)
     set_committed_value(run, "n_plans", run.n_plans + 1)
 
 
