@@ -229,6 +229,14 @@ class FrontierParams(StrategyParams):
         "classes hold stuck or solved with probability > ½ left out): a floor of uniform sampling's coverage, so "
         "that a long run does not narrow onto the prompts the model knows best (0: off).",
     )
+    uniform_thompson: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e3,
+        description="With `uniform_share`: 0, the share is a uniform draw; m ≥ 1, it is the best of m times as "
+        "many uniformly drawn leftover candidates by a full posterior Thompson draw (scale 1): a probe that "
+        "prefers the prompts the model is unsure of over those it knows hopeless or solved.",
+    )
     latent: bool = Field(
         False,
         description="Stuck and solved prompts: each prompt's latent class (never passes / always passes / "
@@ -413,7 +421,13 @@ class Frontier(Strategy[FP]):
             rest = np.ones(cand.size, bool)
             rest[top] = False
             left = np.flatnonzero(rest)
-            if tracker.model.latent:  # those not held stuck or solved first, then the rest
+            if p.uniform_thompson >= 1.0:  # the best of a uniform head by a full posterior draw
+                head = left[
+                    rng.choice(left.size, min(left.size, int(np.ceil(p.uniform_thompson * k_u))), replace=False)
+                ]
+                draw = selection.informative_prob(tracker.sample(pool, cand[head], step, rng, 1.0), n)
+                pick = head[selection.top_k(draw, k_u)]
+            elif tracker.model.latent:  # those not held stuck or solved first, then the rest
 
                 def not_held(i: np.ndarray) -> np.ndarray:
                     qs, qv = tracker.latent_probs(pool, cand[i], step)
