@@ -301,6 +301,12 @@ def sample_without_replacement(probs: np.ndarray, k: int, rng: np.random.Generat
     return top_k(key, k)
 
 
+def uniform_sample(items: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``min(m, items.size)`` of ``items`` drawn uniformly without replacement, in draw
+    order (the head of a uniform permutation; O(m) for m small against the items)."""
+    return items[rng.choice(items.size, min(int(m), items.size), replace=False)]
+
+
 def draw_passing(items: np.ndarray, k: int, passes, rng: np.random.Generator, head: int = 4) -> np.ndarray:
     """``k`` of ``items`` drawn uniformly without replacement among those for which
     ``passes`` (a vectorised test of an array of items) holds, then, if fewer than ``k``

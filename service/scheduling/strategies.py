@@ -422,9 +422,7 @@ class Frontier(Strategy[FP]):
             rest[top] = False
             left = np.flatnonzero(rest)
             if p.uniform_thompson >= 1.0:  # the best of a uniform head by a full posterior draw
-                head = left[
-                    rng.choice(left.size, min(left.size, int(np.ceil(p.uniform_thompson * k_u))), replace=False)
-                ]
+                head = selection.uniform_sample(left, int(np.ceil(p.uniform_thompson * k_u)), rng)
                 draw = selection.informative_prob(tracker.sample(pool, cand[head], step, rng, 1.0), n)
                 pick = head[selection.top_k(draw, k_u)]
             elif tracker.model.latent:  # those not held stuck or solved first, then the rest
@@ -437,7 +435,7 @@ class Frontier(Strategy[FP]):
                 # of the leftovers, not of every one.
                 pick = selection.draw_passing(left, k_u, not_held, rng)
             else:
-                pick = left[rng.choice(left.size, min(k_u, left.size), replace=False)]
+                pick = selection.uniform_sample(left, k_u, rng)
             top = np.r_[top, pick[:k_u]]
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
