@@ -148,6 +148,12 @@ class LearnerConfig:
     sync: bool = False  # the synchronous client instead of the plugin scheduler (same order of calls)
     prefetch: bool = True  # plan step k + 1 while step k trains (False: after step k is reported)
     send_domains: bool = True  # False: prompts are sent with their text and no domain (the level)
+    send_text: bool = True  # False: prompts are sent without their text
+    # > 0: each prompt is sent with the policy's own embedding (its mean-pooled last hidden state,
+    # as the TRL plugin's ``rollplan_embeddings`` sends it) at upload, and every this many steps a
+    # seeded sample of ``embed_sample`` prompts is embedded again by the policy of the time.
+    embed_every: int = 0
+    embed_sample: int = 256
     max_new_tokens: int | None = None  # the trainer's generation limit (None: none; answers are ≤ W + 2 tokens)
 
     def warmup_key(self, seed: int) -> str:
@@ -280,6 +286,19 @@ class Policy(nn.Module):
         for i, blk in enumerate(self.blocks):
             x = blk(x, cos, sin, None if caches is None else caches[i])
         return self.head(self.ln(x))
+
+    @torch.no_grad()
+    def embed(self, tokens: torch.Tensor, chunk: int = 4096) -> np.ndarray:
+        """(N, d) mean over the prompt's positions of the last hidden state (after the final
+        norm, before the head): what the TRL plugin's policy embeddings send."""
+        out = []
+        for i in range(0, tokens.shape[0], chunk):
+            x = self.emb(tokens[i : i + chunk])
+            T = x.shape[1]
+            for blk in self.blocks:
+                x = blk(x, self.cos[:T], self.sin[:T])
+            out.append(self.ln(x).mean(dim=1))
+        return torch.cat(out).double().cpu().numpy()
 
     def answer_logprobs(self, prompt: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
         """(N, W + 1) log p(answer digit | prompt, answer prefix), by teacher forcing."""
@@ -544,6 +563,10 @@ class PluginPlanner:
             np.array(head.indices, np.int64), np.array(head.rollouts, np.int64), pred, head.plan_id, head.max_new_tokens
         )
 
+    def embed(self, embeddings: dict[str, list[float]]) -> None:
+        """Queue the prompts' new embeddings (rank 0's queue, after the reports queued before)."""
+        self.scheds[0].upsert_embeddings(embeddings)
+
     def memorisation(self) -> float | None:
         """The strategy's memorisation estimate now (None: it keeps none), read from the run's
         state — a diagnostic: the reports still queued are not in it yet."""
@@ -618,6 +641,11 @@ class ClientPlanner:
     def settle(self) -> None:
         pass  # every report was stored when sent
 
+    def embed(self, embeddings: dict[str, list[float]]) -> None:
+        self.rp.upsert_prompts(
+            self.run_id, [{"id": pid, "embedding": v} for pid, v in embeddings.items()], progress=False
+        )
+
     def report(self, step: int, groups: list, plan_id: str | None) -> None:
         for r, share in enumerate(shards(len(groups), self.reporters)):
             if share.size:
@@ -626,6 +654,22 @@ class ClientPlanner:
 
     def close(self, check: bool = True) -> None:
         pass
+
+
+EMBED_DIM = 256  # as the TRL plugin's default: hidden states wider than this are projected
+
+
+def policy_embeddings(model, world: World, idx: np.ndarray) -> dict[str, list[float]]:
+    """Prompts ``idx``'s embeddings by the policy now: mean-pooled last hidden states,
+    projected to ``EMBED_DIM`` by the plugins' fixed random projection where wider, rounded
+    to 4 significant digits (the TRL plugin's ``rollplan_embeddings``)."""
+    from rollplan.plugins.core import projection, round_significant
+
+    vecs = model.embed(world.pool.prompt[torch.as_tensor(idx, device=world.pool.prompt.device)])
+    proj = projection(vecs.shape[1], EMBED_DIM)
+    if proj is not None:
+        vecs = vecs @ proj
+    return {world.ids[i]: round_significant(v) for i, v in zip(idx.tolist(), vecs)}
 
 
 def plan_digest(ids: list[str], idx: np.ndarray, counts: np.ndarray) -> str:
@@ -667,10 +711,15 @@ def run_arm(job: dict) -> dict:
         "min_rollouts": 1,
         "max_rollouts": max(64, n0),
     }
-    prompts = [
-        {"domain": f"L{lv}", "text": text} if cfg.send_domains else {"text": text}
+    prompts: list[dict] = [
+        {**({"domain": f"L{lv}"} if cfg.send_domains else {}), **({"text": text} if cfg.send_text else {})}
         for lv, text in zip(world.pool.level, world.texts)
     ]
+    if cfg.embed_every:  # the warm-up policy's embedding of every prompt, sent with it
+        model.eval()
+        emb = policy_embeddings(model, world, np.arange(cfg.prompts))
+        for p, pid in zip(prompts, world.ids):
+            p["embedding"] = emb[pid]
     with tempfile.TemporaryDirectory() as tmp, server(f"sqlite:///{Path(tmp) / 'rollplan.db'}", Path(tmp)) as url:
         if arm == "dapo" or cfg.sync:
             with Client(url, timeout=120) as rp:
@@ -687,6 +736,7 @@ def run_arm(job: dict) -> dict:
         planner.close()
         row["data_quality"] = data_quality_row(url, run_id, world, model)
         row["memorisation"] = memorisation_row(url, run_id)
+        row["text_prior"] = strategy_state_row(url, run_id, "text_prior")
         if job.get("keep_groups"):
             name = re.sub(r"[^A-Za-z0-9._+=&-]", "_", arm)
             _keep_groups(
@@ -723,14 +773,19 @@ def _keep_groups(db: Path, path: Path, world: World, model) -> None:
     )
 
 
-def memorisation_row(url: str, run_id: str) -> dict | None:
-    """The run's memorisation estimate at the end (``GET /v1/runs/{run}``'s strategy state;
-    None for a strategy that keeps none)."""
+def strategy_state_row(url: str, run_id: str, key: str) -> dict | None:
+    """``key`` of the run's strategy state now (``GET /v1/runs/{run}``; None for a strategy
+    that keeps none)."""
     import httpx
 
     r = httpx.get(f"{url}/v1/runs/{run_id}", timeout=300)
     r.raise_for_status()
-    return (r.json().get("strategy_state") or {}).get("memorisation")
+    return (r.json().get("strategy_state") or {}).get(key)
+
+
+def memorisation_row(url: str, run_id: str) -> dict | None:
+    """The run's memorisation estimate at the end (None for a strategy that keeps none)."""
+    return strategy_state_row(url, run_id, "memorisation")
 
 
 def data_quality_row(url: str, run_id: str, world: World, model, reach: float = 0.3) -> dict:
@@ -866,6 +921,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         return model.pass_rate(world.pool.prompt[t], world.pool.label[t])
 
     memo_curve: list = []  # (step, the strategy's memorisation estimate), twelve times a run
+    embeds_sent = 0  # embeddings sent again by the policy of the time (embed_every)
     for step in range(cfg.steps):
         if planner is not None and hasattr(planner, "memorisation") and step % max(cfg.steps // 12, 1) == 0:
             est = planner.memorisation()
@@ -946,7 +1002,11 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
             ro = rollout(model, world, idx, counts, gen, device, limits(idx, cur.hints))
             hinted += sum(h is not None for h in cur.hints or ()) if cfg.max_new_tokens is not None else 0
             k = np.bincount(ro.group.cpu().numpy(), weights=ro.rewards.cpu().numpy(), minlength=idx.size)
-            calib.add(idx, counts, k, level, cur.predicted)
+            # The exact pass rates of the step's prompts under the policy that rolled them out
+            # (no randomness drawn): the never-seen ones' first predictions are ranked against them.
+            model.eval()
+            true_now = exact(idx) if idx.size else None
+            calib.add(idx, counts, k, level, cur.predicted, true_now)
             spent = [(ro, k, counts)]
             step_digest.append(plan_digest(world.ids, idx, counts))
         if arm != "dapo":
@@ -966,7 +1026,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         if idx.size:
             coverage.add(step, idx, counts)
             model.eval()
-            tp = exact(idx)
+            tp = true_now if arm not in ORACLE_ARMS and arm != "dapo" else exact(idx)
             np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
             np.add.at(picks, idx, 1)
         if idx.size and arm != "dapo":
@@ -983,6 +1043,13 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
             # The plan of step + 1 (prefetched) is back before this step's report goes out.
             nxt = planner.plan(step + 1, B, budget) if cfg.prefetch and step + 1 < cfg.steps else None
             planner.report(step, groups, cur.plan_id)  # plugin: queued, sent in the background
+            if cfg.embed_every and (step + 1) % cfg.embed_every == 0:  # a sample re-embedded by today's policy
+                model.eval()
+                sample = np.random.default_rng([seed, step]).choice(
+                    cfg.prompts, min(cfg.embed_sample, cfg.prompts), replace=False
+                )
+                planner.embed(policy_embeddings(model, world, np.sort(sample)))
+                embeds_sent += sample.size
             service_s += time.perf_counter() - ts
             cur = nxt
     if planner is not None:
@@ -1009,6 +1076,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "token_curve": token_curve,
         "effective_ratio": informative / max(used, 1),
         "memorisation_curve": memo_curve,
+        "embeddings_refreshed": embeds_sent,
         "initial_accuracy": curve[0][2],
         "final_accuracy": curve[-1][2],
         "final_accuracy_by_level": by_level,
@@ -1127,6 +1195,21 @@ def main(argv: list[str] | None = None) -> dict:
         help="send prompts with their text only, no domain (the level is then only in the text)",
     )
     ap.add_argument(
+        "--no-text",
+        dest="send_text",
+        action="store_false",
+        default=None,
+        help="send prompts without their text (with --no-domains and --embed-every: the policy's embeddings only)",
+    )
+    ap.add_argument(
+        "--embed-every",
+        type=int,
+        default=None,
+        help="send each prompt with the policy's own embedding (mean-pooled last hidden state) at upload, and "
+        "re-embed a seeded sample of --embed-sample prompts every this many steps (default 0: no embeddings)",
+    )
+    ap.add_argument("--embed-sample", type=int, default=None, help="prompts re-embedded each time (default 256)")
+    ap.add_argument(
         "--max-new-tokens",
         type=int,
         default=None,
@@ -1178,6 +1261,9 @@ def main(argv: list[str] | None = None) -> dict:
             "sync",
             "prefetch",
             "send_domains",
+            "send_text",
+            "embed_every",
+            "embed_sample",
             "max_new_tokens",
         )
         if getattr(args, k) is not None
@@ -1187,6 +1273,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--reporters must be between 1 and the batch size ({cfg.batch})")
     if not 0.0 <= cfg.broken < 1.0:
         ap.error("--broken must be in [0, 1)")
+    if cfg.embed_every < 0 or cfg.embed_sample < 1:
+        ap.error("--embed-every must be >= 0 and --embed-sample >= 1")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 2:
         ap.error("--max-new-tokens must be at least 2 (one digit and the end of the answer)")
     arms = args.arms.split(",") if args.arms else sorted(strat.REGISTRY) + ["dapo", *ORACLE_ARMS]

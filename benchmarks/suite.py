@@ -142,6 +142,12 @@ WORLDS: dict[str, tuple[str, str, dict]] = {
         "learner-long with prompts sent as their text (the digit pairs) and no domain: the level is only in the text",
         dict(broken=0.10, steps=1_172, send_domains=False),
     ),
+    "learner-embed": (
+        "learner",
+        "learner-long with prompts sent as the policy's own embeddings (mean-pooled last hidden state at upload, "
+        "256 of them re-embedded by the policy of the time every 50 steps), no text and no domain",
+        dict(broken=0.10, steps=1_172, send_domains=False, send_text=False, embed_every=50),
+    ),
 }
 SMOKE_SIM = dict(prompts=3_000, steps=60, batch=32)
 SMOKE_COST = dict(prompts=2_000, steps=40, batch=32)
@@ -199,8 +205,8 @@ def run_learner_world(
     if smoke:
         argv.append("--smoke")
     for k, v in opts.items():
-        if k == "send_domains":
-            argv += [] if v else ["--no-domains"]
+        if k in ("send_domains", "send_text"):
+            argv += [] if v else ["--no-" + k.split("_")[1]]
         else:
             argv += [f"--{k.replace('_', '-')}", str(v)]
     res = learner.main(argv)

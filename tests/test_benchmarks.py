@@ -130,6 +130,17 @@ def test_learner_plugin_path_gives_the_synchronous_curriculum(learner_out):
     assert {s["arm"] for s in res["summary"]} == {"default", "first_sight_oracle"}
 
 
+    # The policy's own embeddings, no text and no domain: sent at upload and a sample re-sent
+    # every 2 steps (the plugin's queue, after the step's reports); the text prior trains on
+    # them, and the plugin path still plans what the synchronous calls plan.
+    emb = base + ["--arms", "default", "--no-domains", "--no-text", "--embed-every", "2", "--embed-sample", "16",
+                  "--steps", "30"]  # the text prior refits every 25 steps
+    (p_emb,) = learner.main(emb)["runs"]
+    (s_emb,) = learner.main(emb + ["--sync"])["runs"]
+    assert p_emb["embeddings_refreshed"] == s_emb["embeddings_refreshed"] == 15 * 16
+    assert p_emb["text_prior"]["training_prompts"] > 0 and p_emb["text_prior"]["window"] == 1
+    assert p_emb["plan_digests"] == s_emb["plan_digests"] and p_emb["curve"] == s_emb["curve"]
+
     # Tokens: every arm reports its completions' lengths; ``ARM/tokens`` plans in the equivalent
     # token budget; a generation limit truncates, and the plans' hints are applied.
     res = learner.main(base + ["--arms", "default,default/tokens,uniform", "--max-new-tokens", "4"])
