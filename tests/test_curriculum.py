@@ -66,8 +66,9 @@ def test_default_turns_the_curriculum_mechanisms_on():
     assert (p.probe_every, p.reuse_discount, p.reuse_free) == (50, 1.0, 8.0)
     assert p.skill_share == 0.0  # measured, not better: opt-in (RESULTS.md)
     assert p.uniform_share == 0.25  # a floor of uniform's coverage: at or above uniform on the learner (RESULTS.md)
+    assert p.uniform_thompson == 4.0  # the share as a probe: the best worst case over worlds and checkpoints
     f = strat.build("frontier", {}).params
-    assert (f.probe_every, f.reuse_discount, f.skill_share, f.uniform_share) == (0, 0.0, 0.0, 0.0)
+    assert (f.probe_every, f.reuse_discount, f.skill_share, f.uniform_share, f.uniform_thompson) == (0, 0.0, 0.0, 0.0, 0.0)
 
 
 def test_probe_brings_back_a_domain_left_unvisited():

@@ -215,11 +215,12 @@ def test_default_drops_wrong_labels_after_two_all_fail_groups():
         return float(np.mean(out))
 
     assert picks({"uniform_share": 0.0}) <= 0.25 * broken.mean()
-    uniform_quarter = picks({})
+    uniform_quarter = picks({"uniform_thompson": 0.0})
     assert uniform_quarter <= 0.5 * broken.mean()
-    # The quarter as the best of a uniform head by a full posterior draw (`uniform_thompson`):
-    # a wrong label with two all-fail groups draws stuck or a low pass rate, and is rarely taken.
-    probe = picks({"uniform_thompson": 4.0})
+    # The quarter as the best of a uniform head by a full posterior draw (`uniform_thompson`,
+    # default 4): a wrong label with two all-fail groups draws stuck or a low pass rate, and
+    # is rarely taken.
+    probe = picks({})
     assert probe <= 0.25 * broken.mean() and probe < 0.5 * uniform_quarter
 
 

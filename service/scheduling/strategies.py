@@ -933,6 +933,14 @@ class DefaultParams(FrontierParams):
         "curriculum that narrows onto the prompts the model ranks best ends below uniform; this share keeps it at "
         "or above uniform at every checkpoint, at a cost on the simulator worlds (RESULTS.md).",
     )
+    uniform_thompson: float = Field(
+        4.0,
+        ge=0.0,
+        le=1e3,
+        description="The uniform share as a probe (default 4): the best of 4 times as many uniformly drawn leftover "
+        "candidates by a full posterior Thompson draw (scale 1); 0: a plain uniform draw of those not held stuck or "
+        "solved. Chosen on the suite by its worst case over worlds and checkpoints (RESULTS.md).",
+    )
     latent: bool = Field(True, description="Stuck and solved prompts from their own groups (default on).")
     latent_hazard: float = Field(
         0.002,
@@ -964,8 +972,9 @@ class Default(Frontier[DefaultParams]):
         "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), "
         "diminishing returns of re-use once a prompt has had more than 8 groups, the prompts of the last 64 "
         "steps in the candidate pool while the run's own estimate of memorisation says re-use is not memorised, "
-        "and a quarter of the batch drawn uniformly from the rest of the candidates (those not held stuck or solved "
-        "first): a floor of uniform sampling's coverage, so that a long run does not narrow onto a few prompts."
+        "and a quarter of the batch drawn from the rest of the candidates as a probe — the best of four times as many "
+        "uniformly drawn ones by a full posterior Thompson draw: a floor of uniform sampling's coverage, so that a long "
+        "run does not narrow onto a few prompts, that passes over what the model knows hopeless or solved."
     )
     Params = DefaultParams
 
