@@ -812,6 +812,11 @@ def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
         gain = np.array([np.subtract(by[(arm, s)]["acc_at"], by[("uniform", s)]["acc_at"]) for s in paired])
         out["gain_vs_uniform_at"] = gain.mean(axis=0).round(4).tolist()
         out["worst_checkpoint_gain"] = float(gain.mean(axis=0).min())
+        # The paired gains' standard error over the seeds (None with one seed): a learner's
+        # seed moves by ±0.1 at the end, so a worst case is read against it.
+        se = gain.std(axis=0, ddof=1) / np.sqrt(len(paired)) if len(paired) > 1 else None
+        out["gain_vs_uniform_se_at"] = None if se is None else se.round(4).tolist()
+        out["worst_checkpoint_gain_se"] = None if se is None else float(se[int(np.argmin(gain.mean(axis=0)))])
     shares = []
     for s in paired:
         if ("oracle", s) in by:
@@ -873,7 +878,7 @@ def print_budget_table(summary: list[dict], title: str = "") -> None:
     f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     print(f"\n{title} — the whole run: accuracy at 25/50/75/100% of the budget, area, coverage")
     print(
-        "| arm | acc @25/50/75/100% | worst gain vs uniform | area | share of oracle's area gain "
+        "| arm | acc @25/50/75/100% | worst gain vs uniform (± paired s.e.) | area | share of oracle's area gain "
         "| top-10% share | per seen prompt (median / max) | pool seen | longest unpicked (worst domain) |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -882,8 +887,10 @@ def print_budget_table(summary: list[dict], title: str = "") -> None:
             continue
         accs = " / ".join(f"{a:.3f}" for a in s["acc_at"])
         worst_unv = max((u for u in s.get("unvisited_share_by_domain") or [] if u is not None), default=None)
+        se = "" if s.get("worst_checkpoint_gain_se") is None else f" ± {s['worst_checkpoint_gain_se']:.3f}"
         print(
-            f"| {s['arm']} | {accs} | {f(s.get('worst_checkpoint_gain'), 3)} | {f(s.get('area'), 3)} | "
+            f"| {s['arm']} | {accs} | {f(s.get('worst_checkpoint_gain'), 3)}{se} | "
+            f"{f(s.get('area'), 3)} | "
             f"{f(s.get('area_gain_share'))} | {f(s.get('top10_share'))} | "
             f"{f(s.get('median_per_seen'), 0)} / {f(s.get('max_per_seen'), 0)} | {f(s.get('seen_share'))} | "
             f"{f(worst_unv)} |"

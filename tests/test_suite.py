@@ -125,6 +125,20 @@ def test_budget_metrics_area_share_and_worst_checkpoint():
     assert s["uniform"]["acc_at"] == pytest.approx([0.3, 0.4, 0.5, 0.6])
     assert s["a"]["gain_vs_uniform_at"] == pytest.approx([0.1, 0.1, 0.0, -0.05])
     assert s["a"]["worst_checkpoint_gain"] == pytest.approx(-0.05)  # below uniform at the end: seen
+    assert s["a"]["worst_checkpoint_gain_se"] is None  # one seed: no spread to read it against
+
+    # Two seeds: the paired gains' standard error at each checkpoint, and at the worst one.
+    rows2 = rows + [
+        {**run("uniform", [0.2, 0.3, 0.4, 0.5, 0.6]), "seed": 1},
+        {**run("a", [0.2, 0.5, 0.6, 0.7, 0.7]), "seed": 1},
+    ]
+    sim.budget_metrics(rows2)
+    s2 = {r["arm"]: r for r in sim.summarise(rows2, ["uniform", "a"])}
+    g0, g1 = np.array([0.1, 0.1, 0.0, -0.05]), np.array([0.2, 0.2, 0.2, 0.1])
+    assert s2["a"]["gain_vs_uniform_at"] == pytest.approx((g0 + g1) / 2)
+    assert s2["a"]["gain_vs_uniform_se_at"] == pytest.approx(np.abs(g1 - g0) / 2, abs=1e-4)
+    assert s2["a"]["worst_checkpoint_gain"] == pytest.approx(0.025)  # at 100%
+    assert s2["a"]["worst_checkpoint_gain_se"] == pytest.approx(0.075)
     u, o, a = (s[k]["area"] for k in ("uniform", "oracle", "a"))
     assert s["a"]["area_gain_share"] == pytest.approx((a - u) / (o - u))
     assert s["oracle"]["area_gain_share"] == pytest.approx(1.0)
