@@ -928,9 +928,9 @@ class DefaultParams(FrontierParams):
         0.25,
         ge=0.0,
         le=1.0,
-        description="Share of the batch drawn uniformly from the rest of the candidate pool, prompts held stuck or "
-        "solved left out (default ¼; 0: off): a floor of uniform sampling's coverage. On the GRPO learner a "
-        "curriculum that narrows onto the prompts the model ranks best ends below uniform; this share keeps it at "
+        description="Share of the batch drawn from the rest of the candidate pool, from a uniform sample of it "
+        "(default ¼; 0: off; how, `uniform_thompson`): a floor of uniform sampling's coverage. On the GRPO learner "
+        "a curriculum that narrows onto the prompts the model ranks best ends below uniform; this share keeps it at "
         "or above uniform at every checkpoint, at a cost on the simulator worlds (RESULTS.md).",
     )
     uniform_thompson: float = Field(
