@@ -279,25 +279,23 @@ class Policy(nn.Module):
         self.register_buffer("cos", ang.cos(), persistent=False)
         self.register_buffer("sin", ang.sin(), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, caches: list | None = None, start: int = 0) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, caches: list | None = None, start: int = 0) -> torch.Tensor:
+        """The last hidden state (after the final norm, before the head)."""
         T = tokens.shape[1]
         x = self.emb(tokens)
         cos, sin = self.cos[start : start + T], self.sin[start : start + T]
         for i, blk in enumerate(self.blocks):
             x = blk(x, cos, sin, None if caches is None else caches[i])
-        return self.head(self.ln(x))
+        return self.ln(x)
+
+    def forward(self, tokens: torch.Tensor, caches: list | None = None, start: int = 0) -> torch.Tensor:
+        return self.head(self.hidden(tokens, caches, start))
 
     @torch.no_grad()
     def embed(self, tokens: torch.Tensor, chunk: int = 4096) -> np.ndarray:
-        """(N, d) mean over the prompt's positions of the last hidden state (after the final
-        norm, before the head): what the TRL plugin's policy embeddings send."""
-        out = []
-        for i in range(0, tokens.shape[0], chunk):
-            x = self.emb(tokens[i : i + chunk])
-            T = x.shape[1]
-            for blk in self.blocks:
-                x = blk(x, self.cos[:T], self.sin[:T])
-            out.append(self.ln(x).mean(dim=1))
+        """(N, d) mean over the prompt's positions of the last hidden state: what the TRL
+        plugin's policy embeddings send."""
+        out = [self.hidden(tokens[i : i + chunk]).mean(dim=1) for i in range(0, tokens.shape[0], chunk)]
         return torch.cat(out).double().cpu().numpy()
 
     def answer_logprobs(self, prompt: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
@@ -923,6 +921,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
     memo_curve: list = []  # (step, the strategy's memorisation estimate), twelve times a run
     embeds_sent = 0  # embeddings sent again by the policy of the time (embed_every)
     for step in range(cfg.steps):
+        true_now = None  # the exact pass rates of this step's prompts, once computed
         if planner is not None and hasattr(planner, "memorisation") and step % max(cfg.steps // 12, 1) == 0:
             est = planner.memorisation()
             if est is not None:
@@ -1026,7 +1025,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         if idx.size:
             coverage.add(step, idx, counts)
             model.eval()
-            tp = true_now if arm not in ORACLE_ARMS and arm != "dapo" else exact(idx)
+            tp = true_now if true_now is not None else exact(idx)
             np.add.at(true_p_bins, ((picks[idx] > 0).astype(int), np.digitize(tp, [0.02, 0.98])), 1)
             np.add.at(picks, idx, 1)
         if idx.size and arm != "dapo":
