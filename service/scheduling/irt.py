@@ -237,18 +237,22 @@ class SkillDifficultyModel:
         mu, var = np.array(mu0, np.float64), np.array(var0, np.float64)
         # The seen ones only (in a large pool most prompts are not): the same values as
         # np.where over all of them.
-        sel, os, st = self._seen_part(o, step) if seen is None else seen
+        sel, os, st, gap = self._seen_part(o, step) if seen is None else seen
         if sel.size:
-            gap = np.maximum(st - self.seen_step_[os], 0)
             mu[sel] = self.mu_[os]
             var[sel] = 1.0 / self.tau_[os].astype(np.float64) + self.difficulty_drift * gap
         return mu, var
 
-    def _seen_part(self, o: np.ndarray, step: int | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Positions of the seen prompts among ``o``, their ordinals and their ``step``."""
+    def _seen_part(
+        self, o: np.ndarray, step: int | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Positions of the seen prompts among ``o``, their ordinals, their ``step`` and the
+        steps since their last group (read once for the difficulty and the latent classes)."""
         sel = np.flatnonzero(self.tau_[o] > 0)
         st = np.asarray(step)
-        return sel, o[sel], st[sel] if st.ndim else st
+        os = o[sel]
+        st = st[sel] if st.ndim else st
+        return sel, os, st, np.maximum(st - self.seen_step_[os], 0)
 
     def _prompt_skill(self, o: np.ndarray, th: np.ndarray) -> np.ndarray:
         """The skill that applies to prompts ``o`` given their domain's skill ``th``: a
@@ -379,12 +383,11 @@ class SkillDifficultyModel:
         qs, qv = ps[d], pv[d]
         if pred is not None and len(pred) > 2:
             qs, qv = _class_prior(qs, qv, pred[2], pred[3])
-        sel, os, st = self._seen_part(o, step) if seen is None else seen  # the rest keep their prior
+        sel, os, st, gap = self._seen_part(o, step) if seen is None else seen  # the rest keep their prior
         if sel.size:
             keep_s: float | np.ndarray = 1.0
             keep_v: float | np.ndarray = 1.0
             if self.hazard_stuck > 0 or self.hazard_solved > 0 or self.latent_decay > 0:
-                gap = np.maximum(st - self.seen_step_[os], 0)  # steps since the prompt's last group
                 keep_s = (1.0 - self.hazard_stuck) ** gap if self.hazard_stuck > 0 else 1.0
                 keep_v = keep_s if self.hazard_solved == self.hazard_stuck else (1.0 - self.hazard_solved) ** gap
             if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
@@ -554,10 +557,12 @@ def group_loglik(x: np.ndarray, v: np.ndarray, n: np.ndarray, k: np.ndarray) -> 
     sd = 1.0 / np.sqrt(n * p * (1 - p) + 1.0 / v)
     t, wq = _GH
     zs = m[:, None] + sd[:, None] * t[None, :]
-    # log of likelihood × the belief's kernel at the nodes, re-weighted for the shift
+    # log of likelihood × the belief's kernel at the nodes, re-weighted for the shift;
+    # log σ(z)ᵏ(1−σ(z))ⁿ⁻ᵏ = −n·log(1 + e⁻ᶻ) − (n−k)·z, with log(1 + e⁻ᶻ) =
+    # max(−z, 0) + log1p(e^−|z|) (stable, and several times faster than np.logaddexp)
     terms = (
-        -k[:, None] * np.logaddexp(0.0, -zs)
-        - (n - k)[:, None] * np.logaddexp(0.0, zs)
+        -n[:, None] * (np.maximum(-zs, 0.0) + np.log1p(np.exp(-np.abs(zs))))
+        - (n - k)[:, None] * zs
         - (zs - x[:, None]) ** 2 / (2 * v[:, None])
         + t[None, :] ** 2 / 2
         + np.log(wq)[None, :]
