@@ -62,6 +62,12 @@ class Settings(BaseSettings):
         description="Bound on the memory of the run states a process keeps (least recently "
         "used dropped first; a dropped state rebuilds from the log, identical).",
     )
+    plan_ahead: bool = Field(
+        True,
+        description="Decide a run's next plan in the background once its step's reports are in (the latest "
+        "plan's request at the next step, on the state that plan will read): a plan that asks it finds it decided, "
+        "the same plan it would have decided itself. Off: every plan decides on its own path.",
+    )
     db_statement_timeout_s: float = Field(
         60.0,
         ge=0,

@@ -41,7 +41,7 @@ class Engine:
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics  # service.metrics.Metrics, or None
-        self.store = StateStore(settings.state_cache_bytes)
+        self.store = StateStore(settings.state_cache_bytes, plan_ahead=settings.plan_ahead)
         runs = Runs(sessions, self.store)
         prompts = Prompts(settings, sessions, self.store, runs)
         planner = Planner(settings, sessions, self.store, metrics)

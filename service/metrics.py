@@ -6,6 +6,8 @@ One ``Metrics`` object per app, built in ``create_app``:
   ``rollplan_http_request_seconds{method,route}`` — every request, by route template;
 - ``rollplan_plan_compute_seconds{strategy}`` — time the strategy spent computing a
   plan (the same number is stored per plan as ``plans.compute_ms``);
+- ``rollplan_plans_decided_ahead_total{strategy}`` — plans whose decision the background
+  warmer made before the plan was asked (``Settings.plan_ahead``; the compute above counts it);
 - ``rollplan_rewards_ingested_total`` / ``rollplan_groups_ingested_total`` — rewards and
   prompt groups committed by reports (their ``rate()`` is the ingestion rate);
 - per-run gauges read from the ``runs`` table's counters at scrape time
@@ -101,6 +103,12 @@ class Metrics:
             buckets=PLAN_BUCKETS,
             registry=r,
         )
+        self.plans_ahead = Counter(
+            "rollplan_plans_decided_ahead",
+            "Plans whose decision the background warmer made before the plan was asked",
+            ["strategy"],
+            registry=r,
+        )
         self.rewards_ingested = Counter(
             "rollplan_rewards_ingested", "Individual rewards committed by reports", registry=r
         )
@@ -120,8 +128,10 @@ class Metrics:
         return generate_latest(reg)
 
     # -- hooks the engine calls -------------------------------------------------------
-    def observe_plan(self, strategy: str, seconds: float) -> None:
+    def observe_plan(self, strategy: str, seconds: float, ahead: bool = False) -> None:
         self.plan_seconds.labels(strategy).observe(seconds)
+        if ahead:
+            self.plans_ahead.labels(strategy).inc()
 
     def observe_ingest(self, groups: int, rewards: int) -> None:
         self.groups_ingested.inc(groups)

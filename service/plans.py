@@ -109,12 +109,21 @@ def stored_costs(rows: list[tuple[float | None, int | None, bool | None]]):
     return tok, hint, flag
 
 
-def decide(state: RunState, pool: PoolState, req: strat.PlanRequest, body: schemas.PlanIn, rng: np.random.Generator):
-    """The plan's items from the strategy's decision: (ordinals, rollouts, predicted pass
-    rates, costs). With a token budget ``cost.token_plan`` keeps the candidates and splits the
-    tokens; where the pool has cost evidence (or a hint was asked) the items carry their
-    expected tokens and hints (``cost.item_costs``), else ``costs`` is None."""
-    decision = state.strategy.plan(pool, req, rng)
+def decide(
+    state: RunState,
+    pool: PoolState,
+    req: strat.PlanRequest,
+    body: schemas.PlanIn,
+    rng: np.random.Generator,
+    decision: strat.PlanDecision | None = None,
+):
+    """The plan's items from the strategy's decision (``decision``: made ahead, for this
+    request on this view; else made now): (ordinals, rollouts, predicted pass rates, costs).
+    With a token budget ``cost.token_plan`` keeps the candidates and splits the tokens; where
+    the pool has cost evidence (or a hint was asked) the items carry their expected tokens
+    and hints (``cost.item_costs``), else ``costs`` is None."""
+    if decision is None:
+        decision = state.strategy.plan(pool, req, rng)
     ords: np.ndarray = decision.ordinals
     rolls: np.ndarray = decision.rollouts
     pred: np.ndarray = decision.predicted_pass_rate
@@ -232,10 +241,17 @@ class Planner:
             # The reports still pending (of steps ≥ step − 1) count, from a copy (``read``).
             with state.read() as pool:
                 t0 = time.perf_counter()
+                ahead = state.decided_ahead(req)  # decided by the warmer on this same view
                 ords, rolls, pred, costs = decide(
-                    state, pool, req, body, strat.plan_rng(run.id, step, state.strategy.name)
+                    state,
+                    pool,
+                    req,
+                    body,
+                    strat.plan_rng(run.id, step, state.strategy.name),
+                    None if ahead is None else ahead[0],
                 )
-                compute_s = time.perf_counter() - t0
+                compute_s = time.perf_counter() - t0 + (0.0 if ahead is None else ahead[1])
+                state.last_request = req
             plan = Plan(
                 id=uuid.uuid4().hex,
                 run_pk=run.pk,
@@ -252,7 +268,7 @@ class Planner:
             repo.add_plan(s, run, plan, ords, rolls, pred, costs)
             out = plan_out(state, plan, ords, rolls, pred, costs)
         if self.metrics is not None:
-            self.metrics.observe_plan(state.strategy.name, compute_s)
+            self.metrics.observe_plan(state.strategy.name, compute_s, ahead is not None)
         self.store.settled(state)
         self.store.warm(state)  # the seal this plan decided, applied off its path
         return True, out

@@ -121,8 +121,9 @@ class StateCache:
 
 
 class StateStore:
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, plan_ahead: bool = False) -> None:
         self.cache = StateCache(max_bytes)
+        self.plan_ahead = plan_ahead  # the warmer decides a run's next plan (``RunState.warm``)
         self._lock = threading.Lock()
         # Called with every state brought up to date (the predictor's hook).
         self.on_state: Callable[[RunState, Run], None] | None = None
@@ -143,6 +144,7 @@ class StateStore:
             if st is None or st.run_pk != run.pk:
                 lo, hi = run.settings["reward_range"]
                 st = RunState(run.pk, run.id, spec, (float(lo), float(hi)))
+                st.plan_ahead = self.plan_ahead
                 self.cache.put(key, st)
         with st.lock:
             if st.seq < run.log_seq:

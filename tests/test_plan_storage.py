@@ -131,3 +131,49 @@ def test_a_plan_writes_in_one_statement_and_a_stored_plan_reads_in_one(client):
     assert not any(q.startswith("UPDATE runs SET log_seq=") for q in new), new  # no flush of its own
     plan_reads = [q for q in stored if "FROM plans" in q and "plans.items" in q]
     assert len(plan_reads) == 1 and not any(q.startswith("SELECT plans.items") for q in stored), stored
+
+
+@pytest.mark.parametrize("strategy", ["default", "frontier", "uniform"])
+def test_plans_decided_ahead_are_the_plans_decided_on_their_path(make_client, tmp_path, strategy):
+    """``Settings.plan_ahead``: once a step's reports are in, the warmer decides the next plan
+    (the latest request at step + 1). A service with it on answers, step after step — one
+    report or two a step, a step whose batch differs —, the plans of a service with it off
+    (another database, the same run and log), and the plans it answers were decided ahead."""
+    import time
+
+    from fastapi.testclient import TestClient
+    from rollplan.service.app import create_app
+    from rollplan.service.config import Settings
+
+    ahead = make_client(plan_ahead=True)
+    plain = TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'plain.db'}", plan_ahead=False)))
+    plain.__enter__()
+    try:
+        rng = np.random.default_rng(5)
+        for c in (ahead, plain):
+            c.put("/v1/runs/r", json={"strategy": {"name": strategy}, "rollouts_per_prompt": 4}).raise_for_status()
+            prompts = [{"id": f"p{i}", "domain": f"d{i % 3}"} for i in range(300)]
+            c.post("/v1/runs/r/prompts", json={"prompts": prompts}).raise_for_status()
+        for t in range(10):
+            body = {"batch_size": 24 if t == 6 else 16, "rollout_budget": 96 if t == 6 else 64, "step": t}
+            got = [c.post("/v1/runs/r/plans", json=body) for c in (ahead, plain)]
+            assert [r.status_code for r in got] == [201, 201]
+            assert got[0].json()["items"] == got[1].json()["items"], f"step {t}"
+            items = got[0].json()["items"]
+            results = [{"prompt_id": it["prompt_id"], "rewards": rng.integers(0, 2, it["rollouts"]).tolist()}
+                       for it in items]
+            parts = 2 if t >= 5 else 1  # from step 5 on, two reporters a step
+            for k in range(parts):
+                part = {"report_id": f"s{t}-{k}", "step": t, "results": results[k::parts]}
+                for c in (ahead, plain):
+                    c.post("/v1/runs/r/results", json=part).raise_for_status()
+            time.sleep(0.2)  # a trainer's step: the warmer works in it
+        text = ahead.get("/metrics").text
+        line = [x for x in text.splitlines() if x.startswith(f'rollplan_plans_decided_ahead_total{{strategy="{strategy}"}}')]
+        decided = float(line[0].split()[-1]) if line else 0.0
+        # Steps 2–4 and 8–9 at least (step 5's first report only half a step; 6 and 7 asked
+        # another batch than the step before); the plain service decided none.
+        assert decided >= 5, text
+        assert "rollplan_plans_decided_ahead_total{" not in plain.get("/metrics").text.replace(" 0.0", "")
+    finally:
+        plain.__exit__(None, None, None)

@@ -332,3 +332,76 @@ def test_the_store_warms_in_its_background_thread():
     assert st._view is not None and st._view[0] == st.seq
     _check_read(st, 2, "default")
     assert store._warmer is not None and store._warmer.is_alive() and not store._warm_queued
+
+
+def _same_decision(a: strat.PlanDecision, b: strat.PlanDecision) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("ordinals", "rollouts", "predicted_pass_rate"))
+
+
+@pytest.mark.parametrize("name", sorted(strat.REGISTRY))
+def test_a_plan_decided_ahead_is_the_plan_decided_on_its_path(name):
+    """With ``plan_ahead`` the warmer decides the next plan once a step's reports are in (the
+    latest request at step + 1, on the view that plan will read). A plan that asks that
+    request with only its own seal since takes it, and it is the plan a state that never
+    warmed decides itself; any other event in between (a late report, a prompt upsert, the
+    predictor's hand-over) or another request, and the plan decides on its own path."""
+    run = _Run(name, 3)
+    st = run.looked
+    st.plan_ahead = True
+    run.prompts(300)
+    hits, misses = [], []
+    for t in range(12):
+        run.step = t
+        run.plan()
+        req = strat.PlanRequest(24 if t == 8 else 16, 64, 1, 8, t)  # step 8 asks another batch
+        rng = lambda t=t: strat.plan_rng(st.run_id, t, st.strategy.name)  # noqa: E731
+        with st.read() as view:
+            ahead = st.decided_ahead(req)
+            mine = ahead[0] if ahead is not None else st.strategy.plan(view, req, rng())
+            st.last_request = req
+        with run.plain.read() as view:
+            ref = run.plain.strategy.plan(view, req, rng())
+        assert _same_decision(mine, ref), f"step {t}: the plan decided ahead differs"
+        (hits if ahead is not None else misses).append(t)
+        assert st.decided_ahead(req) is None  # taken once
+        run.report(t, int(run.rng.integers(8, 40)))
+        st.warm()
+        if t == 4:
+            run.report(t, 5)  # a late report of the step after the warm: the decision is dropped
+        if t == 6:
+            run.prompts(20)
+        if t == 9:
+            run.predictions()
+    # Decided ahead from step 2 (a view to keep warm, a request to repeat), except: 5 (step
+    # 4's late report came after the warm), 6 (step 5's one report is fewer than step 4's two:
+    # the step does not look complete, nothing is warmed), 7 (prompts came after the warm),
+    # 8 and 9 (step 8 asks another batch, step 9 the first again), 10 (the predictor's hand-over).
+    assert hits == [2, 3, 4, 11], (hits, misses)
+    run.finish()
+
+
+def test_the_store_decides_ahead_only_when_asked():
+    """``Settings.plan_ahead`` reaches every state the store makes; off, ``warm`` decides nothing."""
+    from rollplan.service.store import StateStore
+
+    for on in (True, False):
+        store = StateStore(1 << 30, plan_ahead=on)
+
+        class _R:  # the two fields ``StateStore.state`` reads of a run, and its log position
+            pk, id, log_seq, settings = 1, f"r{on}", 0, {"reward_range": [0.0, 1.0]}
+
+        st = store.state(None, _R(), {"name": "default", "params": {}}, touch=False)
+        assert st.plan_ahead is on
+        run = _Run("default", 4)
+        run.looked = st
+        run.prompts(100)
+        for t in range(3):
+            run.step = t
+            run.plan()
+            req = strat.PlanRequest(8, 32, 1, 8, t)
+            with st.read():
+                st.decided_ahead(req)
+                st.last_request = req
+            run.report(t, 10)
+            st.warm()
+        assert (st._ahead is not None) is on

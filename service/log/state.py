@@ -28,7 +28,11 @@ A plan's seal is decided at its event and applied to the pool later (``_deferred
 before anything else reads or changes the pool, or by the store's background warmer right
 after the plan): the plan reads the view, which already holds those updates, so the fold
 of the reports is off the plan's path; applying the same updates in the same order later
-leaves the same pool.
+leaves the same pool. With ``plan_ahead`` the warmer that brings the view up to date after a
+step's reports also decides the next plan on it (``_decide_ahead``: the latest plan's
+request at step + 1, with the generator that plan uses); the plan takes that decision if it
+asks the same request and nothing but its own seal came since (``decided_ahead``) — its
+view is then the view the decision read, so the plan is the one it would decide itself.
 
 Reads that are not events (the API's estimates, the dashboard) see the state a
 plan would see now: the sealed state with the pending groups applied to a copy
@@ -47,7 +51,9 @@ accounts them) and goes with it when the state is evicted.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -110,6 +116,12 @@ class RunState:
     # the next seal or event), or off the plan's path by the store's warmer (``warm``); the
     # read view the plan uses already holds them. Never with ``on_step``.
     _deferred: list[Observations] = field(default_factory=list, repr=False)
+    # The next plan decided ahead (``warm``, ``decided_ahead``): (log position it was decided
+    # at, its request, the decision, seconds the strategy took); ``plan_ahead`` on, and
+    # ``last_request`` the request of the latest plan (the next one asks the same of step + 1).
+    plan_ahead: bool = field(default=False, repr=False)
+    last_request: strat.PlanRequest | None = field(default=None, repr=False)
+    _ahead: tuple[int, strat.PlanRequest, strat.PlanDecision, float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
@@ -139,6 +151,12 @@ class RunState:
         """Fold one event. Events must come in log order, each exactly once."""
         if event.seq <= self.seq:
             raise ValueError(f"event at log position {event.seq} is not after the state's {self.seq}")
+        # A plan decided ahead stands only for the plan whose seal comes next (the view it
+        # read is the one that plan reads: a seal moves pending groups into the pool, the
+        # view holds them either way); any other event drops it.
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self.seq and isinstance(event, SealEvent) and event.step is not None:
+            self._ahead = (event.seq, *ahead[1:])
         if isinstance(event, ReportEvent):
             self._hold(event)
         elif isinstance(event, SealEvent) and event.step is not None:
@@ -259,7 +277,35 @@ class RunState:
                 return paid
             if self._view is None or self._view[0] != self.seq:
                 self._view = (self.seq, self._refresh_shadow())
+            self._decide_ahead()
             return True
+
+    def _decide_ahead(self) -> None:
+        """With ``plan_ahead``, decide the next plan now (the caller holds the lock and the
+        view is current): the latest plan's request at its step + 1, on the view that plan
+        will read, with the generator it will use (``plan_rng``: run, step, strategy). The
+        plan takes the decision if its request is that one and nothing but its own seal came
+        since (``decided_ahead``), so its plan is the one it would have decided itself."""
+        req = self.last_request
+        if not self.plan_ahead or req is None or (self._ahead is not None and self._ahead[0] == self.seq):
+            return
+        nxt = dataclasses.replace(req, step=req.step + 1)
+        with self.read() as pool:
+            t0 = time.perf_counter()
+            d = self.strategy.plan(pool, nxt, strat.plan_rng(self.run_id, nxt.step, self.strategy.name))
+            took = time.perf_counter() - t0
+        # Copies: nothing of the view's buffers is held past the ``read``.
+        d = strat.PlanDecision(np.array(d.ordinals), np.array(d.rollouts), np.array(d.predicted_pass_rate))
+        self._ahead = (self.seq, nxt, d, took)
+
+    def decided_ahead(self, req: strat.PlanRequest) -> tuple[strat.PlanDecision, float] | None:
+        """The decision ``warm`` made ahead for the plan being made now, if it asked ``req``
+        and no event but the plan's own seal came since (the caller holds the lock); else
+        None. Taken once."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead[0] != self.seq or ahead[1] != req:
+            return None
+        return ahead[2], ahead[3]
 
     def _refresh_shadow(self) -> PoolState:
         """The shadow made equal to ``deepcopy(pool)`` with the pending groups sealed into
@@ -308,6 +354,7 @@ class RunState:
         with self.lock:
             self._inbox = (ordinals, logit, var)
             self._view = None
+            self._ahead = None
 
     def nbytes(self) -> int:
         """Memory held: the pool's and its trackers' arrays, the prompt ids, the read
