@@ -373,6 +373,33 @@ def test_latest_steps_are_whole_steps_within_the_cap_whatever_the_order(seed, ca
     assert sorted(kept.tolist()) == sorted(o[np.isin(at, steps[:fit])].tolist())
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 20), st.integers(0, 120), st.sampled_from([None, 1.0, 3.0]))
+def test_recent_candidates_from_the_latest_steps_are_those_of_the_whole_window(seed, window, cap, most):
+    """`_recent_candidates` reads only the window's latest steps when they hold enough: the
+    set is the one the whole window gives (filter every entry, then `_latest_steps`), for any
+    window, cap, group bound and order of reports."""
+    rng = np.random.default_rng(seed)
+    P = 200
+    s = strat.build("default", {"recent_candidates": window, "text_prior": False})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+    tracker = pool.tracker("skill", SkillTracker)
+    for step in range(int(rng.integers(1, 40))):
+        o = rng.integers(0, P, rng.integers(1, 30))
+        at = np.maximum(step - rng.integers(0, 3, o.size) * (rng.random(o.size) < 0.2), 0)
+        pool.observe(_observations(o, np.full(o.size, 8), rng.integers(0, 9, o.size), at))
+    since = max(int(pool.last_step.max()) - window, 0)
+    o, at = tracker.recent(pool, since)
+    if most is not None:
+        keep = pool.groups[o] <= most
+        o, at = o[keep], at[keep]
+    whole = strat._latest_steps(o, at, cap)
+    got = strat._recent_candidates(pool, tracker, since, most, cap)
+    assert sorted(got.tolist()) == sorted(whole.tolist())
+    assert sorted(strat._recent_candidates(pool, tracker, since, most, None).tolist()) == sorted(o.tolist())
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 12), st.lists(st.integers(0, 3), min_size=1, max_size=30))
 def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(seed, window, gaps):

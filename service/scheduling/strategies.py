@@ -387,13 +387,14 @@ class Frontier(Strategy[FP]):
         cand = selection.candidate_pool(pool.size, B, p.candidate_multiplier, rng)
         step = max(req.step, pool.step)
         if p.recent_candidates and (p.recent_memo_max is None or tracker.memorisation() <= p.recent_memo_max):
-            recent, at = tracker.recent(pool, max(step - p.recent_candidates, 0))
-            if p.reuse_discount:  # the ones not yet discounted: re-use is not concentrated further
-                keep = pool.groups[recent] <= p.reuse_free
-                recent, at = recent[keep], at[keep]
-            if p.recent_max is not None:
-                recent = _latest_steps(recent, at, int(np.ceil(p.recent_max * B)))
-            cand = np.sort(np.r_[cand, recent])  # np.union1d's result, by a sort (its hashing is slower here)
+            cap = None if p.recent_max is None else int(np.ceil(p.recent_max * B))
+            # The ones not yet discounted: re-use is not concentrated further.
+            most = p.reuse_free if p.reuse_discount else None
+            recent = _recent_candidates(pool, tracker, max(step - p.recent_candidates, 0), most, cap)
+            # np.union1d's result: the sorted pool and the sorted recent ones merged by a stable
+            # sort (a merge of two runs; its hashing, or one sort of both, is slower here).
+            cand = np.r_[cand, np.sort(recent)]
+            cand.sort(kind="stable")
             cand = cand[np.r_[True, cand[1:] != cand[:-1]]]
         n = req.rollout_budget / B
         if p.thompson:
@@ -440,6 +441,38 @@ class Frontier(Strategy[FP]):
         chosen = cand[top]
         pred = tracker.predict(pool, chosen, step)
         return PlanDecision(chosen, allocate(p.allocator, pred, req), pred)
+
+
+def _recent_candidates(
+    pool: PoolState, tracker: SkillTracker, since: int, most: float | None, cap: int | None
+) -> np.ndarray:
+    """The prompts whose last group is at step ``since`` or later (``SkillTracker.recent``)
+    with at most ``most`` groups (None: any), restricted to the latest whole steps that hold
+    at most ``cap`` of them (``_latest_steps``; None: all). Read from the window's latest
+    steps alone when those already hold more than ``cap`` that pass: the steps that fit are
+    then among them, and the set is the one the whole window gives."""
+
+    def passing(lo: int) -> tuple[np.ndarray, np.ndarray]:
+        o, at = tracker.recent(pool, lo)
+        if most is not None:
+            keep = pool.groups[o] <= most
+            o, at = o[keep], at[keep]
+        return o, at
+
+    if cap is None:
+        return passing(since)[0]
+    st = tracker.recent_s_
+    if st.size > 2 * cap:
+        top = int(st.max())
+        # The latest steps with about twice the cap of entries before the checks.
+        back = np.searchsorted(np.cumsum(np.bincount(top - st[st >= since])), 2 * cap)
+        lo = top - int(back)
+        if lo > since:
+            o, at = passing(lo)
+            if o.size > cap:
+                return _latest_steps(o, at, cap)
+    o, at = passing(since)
+    return _latest_steps(o, at, cap)
 
 
 def _latest_steps(o: np.ndarray, at: np.ndarray, cap: int) -> np.ndarray:

@@ -132,7 +132,10 @@ class SkillTracker:
         since)`` gives, from the window's reports alone (each prompt at the entries of its
         last step — twice only if that step reported it twice; unsorted), and that step."""
         o, st = self.recent_o_, self.recent_s_
-        keep = (st >= since) & (st == pool.last_step[o])
+        if since > st.min(initial=since):  # the window's older steps need no gather
+            m = st >= since
+            o, st = o[m], st[m]
+        keep = st == pool.last_step[o]
         return o[keep], st[keep]
 
     def memorisation(self, min_weight: float = 128.0) -> float:
