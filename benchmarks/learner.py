@@ -898,6 +898,8 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
 
     plan_step = 0
     curve, eff_per_step, digests = [], [], []
+    used_per_step: list[int] = []  # rollouts and informative rollouts of each step
+    inf_per_step: list[int] = []
     t0 = time.perf_counter()
     service_s = 0.0
     oracle_rng = np.random.default_rng(seed + 77)
@@ -1031,6 +1033,8 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         if idx.size and arm != "dapo":
             own.add(idx, counts, k, world.pool.broken)
         eff_per_step.append(step_inf / max(step_used, 1))
+        used_per_step.append(step_used)
+        inf_per_step.append(step_inf)
         model.train()
         for g in opt.param_groups:
             g["lr"] = cfg.lr * min(1.0, (step + 1) / max(cfg.lr_warmup, 1))
@@ -1074,6 +1078,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "hinted_items": hinted,  # plan items whose max_new_tokens hint was applied
         "token_curve": token_curve,
         "effective_ratio": informative / max(used, 1),
+        "effective_by_quarter": sim.effective_by_quarter(used_per_step, inf_per_step),
         "memorisation_curve": memo_curve,
         "embeddings_refreshed": embeds_sent,
         "initial_accuracy": curve[0][2],

@@ -547,6 +547,8 @@ def run_arm(
     calib = Calibration(cfg.prompts, cfg.domains)
     own = OwnEvidence(cfg.prompts)
     used = informative = 0
+    step_used: list[int] = []  # rollouts and informative rollouts of each step
+    step_inf: list[int] = []
     # Where the trained groups sat: exact pass rate < 0.02, in between, > 0.98; broken; trivial.
     where = np.zeros(5)
     groups_total = 0
@@ -557,6 +559,7 @@ def run_arm(
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         predicted = None
+        used_before, inf_before = used, informative
         if arm == "dapo":
             # Oversample uniformly, keep informative groups until the batch is full.
             kept_i, kept_n, kept_k = [], [], []
@@ -598,6 +601,8 @@ def run_arm(
             k = learner.rollout(idx, n, roll_rng)
             used += int(n.sum())
             informative += int(n[(k > 0) & (k < n)].sum())
+        step_used.append(used - used_before)
+        step_inf.append(informative - inf_before)
         if idx.size:
             own.add(idx, n, k, learner.broken)
             tp = learner.pass_rate(idx)
@@ -627,6 +632,7 @@ def run_arm(
         "rollouts_to_target": reached,
         "rollouts": used,
         "effective_ratio": informative / max(used, 1),
+        "effective_by_quarter": effective_by_quarter(step_used, step_inf),
         "final_accuracy": curve[-1][2],
         "share_groups_true_below_0.02": float(share[0]),
         "share_groups_true_above_0.98": float(share[2]),
@@ -739,6 +745,14 @@ def oracle_gain_share(uniform: float, arm: float, oracle: float) -> float | None
     return None if g <= 0 else (uniform / arm - 1.0) / g
 
 
+def effective_by_quarter(used: list[int], informative: list[int]) -> list[float]:
+    """The share of the rollouts spent in each quarter of the run's steps that were in
+    informative groups (some but not all passed): where the waste goes over the run — a
+    curriculum that runs out of prompts that teach shows it late."""
+    u, i = np.asarray(used, np.float64), np.asarray(informative, np.float64)
+    return [float(a.sum() / max(b.sum(), 1.0)) for a, b in zip(np.array_split(i, 4), np.array_split(u, 4))]
+
+
 def summarise(rows: list[dict], arms: list[str]) -> list[dict]:
     """Per arm: mean and spread of rollouts to target, paired ratios to uniform, DAPO and
     the oracle, the share of the oracle's gain (per seed; mean, min, max), and the means
@@ -827,6 +841,9 @@ def _budget_summary(by: dict, arm: str, seeds: list[int]) -> dict:
     for key in ("top10_share", "median_per_seen", "max_per_seen", "seen_share"):
         vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
         out[key] = float(np.mean(vals)) if vals else None
+    quarters = [by[(arm, s)]["effective_by_quarter"] for s in mine if "effective_by_quarter" in by[(arm, s)]]
+    if quarters:
+        out["effective_by_quarter"] = np.mean(quarters, axis=0).round(4).tolist()
     for key in ("unvisited_share_by_domain", "seen_share_by_domain", "rollout_share_by_domain"):
         vals = [by[(arm, s)][key] for s in mine if key in by[(arm, s)]]
         if vals:
@@ -872,26 +889,29 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
 def print_budget_table(summary: list[dict], title: str = "") -> None:
     """The budget-wide and coverage table of ``summarise``: held-out accuracy at 25/50/75/100%
     of the budget (and the worst paired gain over uniform among them), the curve area and its
-    share of the oracle's area gain, rollouts on the top 10% of the pool, rollouts per seen
-    prompt (median / max), the share of the pool seen, and the longest stretch of the run a
-    domain went unpicked (the worst domain)."""
+    share of the oracle's area gain, the informative share of each quarter's rollouts,
+    rollouts on the top 10% of the pool, rollouts per seen prompt (median / max), the share
+    of the pool seen, and the longest stretch of the run a domain went unpicked (the worst
+    domain)."""
     f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     print(f"\n{title} — the whole run: accuracy at 25/50/75/100% of the budget, area, coverage")
     print(
         "| arm | acc @25/50/75/100% | worst gain vs uniform (± paired s.e.) | area | share of oracle's area gain "
-        "| top-10% share | per seen prompt (median / max) | pool seen | longest unpicked (worst domain) |"
+        "| informative share by quarter | top-10% share | per seen prompt (median / max) | pool seen "
+        "| longest unpicked (worst domain) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for s in summary:
         if "acc_at" not in s:
             continue
         accs = " / ".join(f"{a:.3f}" for a in s["acc_at"])
         worst_unv = max((u for u in s.get("unvisited_share_by_domain") or [] if u is not None), default=None)
         se = "" if s.get("worst_checkpoint_gain_se") is None else f" ± {s['worst_checkpoint_gain_se']:.3f}"
+        eq = " / ".join(f"{e:.2f}" for e in s["effective_by_quarter"]) if s.get("effective_by_quarter") else "—"
         print(
             f"| {s['arm']} | {accs} | {f(s.get('worst_checkpoint_gain'), 3)}{se} | "
             f"{f(s.get('area'), 3)} | "
-            f"{f(s.get('area_gain_share'))} | {f(s.get('top10_share'))} | "
+            f"{f(s.get('area_gain_share'))} | {eq} | {f(s.get('top10_share'))} | "
             f"{f(s.get('median_per_seen'), 0)} / {f(s.get('max_per_seen'), 0)} | {f(s.get('seen_share'))} | "
             f"{f(worst_unv)} |"
         )

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 SUMMARY_KEYS = {"arm", "reached", "rollouts_to_target_mean", "rollouts_to_target_std", "speedup_vs_uniform",
@@ -29,7 +30,24 @@ def test_sim_smoke(tmp_path):
     for s in res["summary"]:
         assert SUMMARY_KEYS <= set(s)
         assert 0.0 <= s["effective_ratio"] <= 1.0
+    for r in res["runs"]:  # each quarter's informative share; their rollout-weighted mean is the run's
+        q = r["effective_by_quarter"]
+        assert len(q) == 4 and all(0.0 <= x <= 1.0 for x in q)
+        if r["arm"] != "dapo":  # the same rollouts every step: the plain mean of the quarters' (equal steps)
+            steps = np.array_split(np.arange(res["args"]["steps"]), 4)
+            weighted = sum(x * len(st) for x, st in zip(q, steps)) / res["args"]["steps"]
+            assert weighted == pytest.approx(r["effective_ratio"], abs=1e-9)
     assert (tmp_path / "sim_accuracy.png").stat().st_size > 0
+
+
+def test_effective_by_quarter_is_the_informative_share_of_each_quarter_s_rollouts():
+    from rollplan.benchmarks import sim
+
+    # 8 steps: 2 a quarter; rollouts differ by step, so each quarter is weighted by its own.
+    used = [8, 8, 8, 8, 16, 0, 4, 12]
+    informative = [8, 8, 0, 0, 4, 0, 4, 0]
+    assert sim.effective_by_quarter(used, informative) == [1.0, 0.0, 0.25, 0.25]
+    assert sim.effective_by_quarter([0] * 4, [0] * 4) == [0.0] * 4
 
 
 def test_cost_world_smoke(tmp_path):
