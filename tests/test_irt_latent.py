@@ -373,6 +373,14 @@ def test_latest_steps_are_whole_steps_within_the_cap_whatever_the_order(seed, ca
     assert sorted(kept.tolist()) == sorted(o[np.isin(at, steps[:fit])].tolist())
 
 
+def _windowed_pool(P: int, window: int):
+    """`default`'s pool of P prompts (one domain) with a `recent_candidates` window, and its tracker."""
+    s = strat.build("default", {"recent_candidates": window, "text_prior": False})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
+    return pool, pool.tracker("skill", SkillTracker)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 20), st.integers(0, 120), st.sampled_from([None, 1.0, 3.0]))
 def test_recent_candidates_from_the_latest_steps_are_those_of_the_whole_window(seed, window, cap, most):
@@ -381,10 +389,7 @@ def test_recent_candidates_from_the_latest_steps_are_those_of_the_whole_window(s
     window, cap, group bound and order of reports."""
     rng = np.random.default_rng(seed)
     P = 200
-    s = strat.build("default", {"recent_candidates": window, "text_prior": False})
-    pool = s.make_pool()
-    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
-    tracker = pool.tracker("skill", SkillTracker)
+    pool, tracker = _windowed_pool(P, window)
     for step in range(int(rng.integers(1, 40))):
         o = rng.integers(0, P, rng.integers(1, 30))
         at = np.maximum(step - rng.integers(0, 3, o.size) * (rng.random(o.size) < 0.2), 0)
@@ -408,10 +413,7 @@ def test_recent_prompts_from_the_window_s_reports_are_the_pool_s_recent_prompts(
     whole pool's `last_step` gives — whatever the steps' gaps, repeats and late reports."""
     rng = np.random.default_rng(seed)
     P = 300
-    s = strat.build("default", {"recent_candidates": window, "text_prior": False})
-    pool = s.make_pool()
-    pool.set_prompts(np.arange(P), np.zeros(P, np.int32), np.full(P, NAN))
-    tracker = pool.tracker("skill", SkillTracker)
+    pool, tracker = _windowed_pool(P, window)
     step = 0
     for gap in gaps:
         step += gap
