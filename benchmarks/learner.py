@@ -897,7 +897,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         return cap
 
     plan_step = 0
-    curve, eff_per_step, digests = [], [], []
+    curve, digests = [], []
     used_per_step: list[int] = []  # rollouts and informative rollouts of each step
     inf_per_step: list[int] = []
     t0 = time.perf_counter()
@@ -1032,7 +1032,6 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
             np.add.at(picks, idx, 1)
         if idx.size and arm != "dapo":
             own.add(idx, counts, k, world.pool.broken)
-        eff_per_step.append(step_inf / max(step_used, 1))
         used_per_step.append(step_used)
         inf_per_step.append(step_inf)
         model.train()
@@ -1108,7 +1107,7 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "share_groups_true_below_0.02": float(bins[0] / n_bins),
         "share_groups_true_above_0.98": float(bins[2] / n_bins),
         **calib.result(),
-        "effective_per_step": eff_per_step,
+        "effective_per_step": [i / max(u, 1) for u, i in zip(used_per_step, inf_per_step)],
         # Per step, a fingerprint of the prompts and counts rolled out (DAPO: its draws, comma-joined).
         "plan_digests": digests,
     }

@@ -448,12 +448,12 @@ def _recent_candidates(
 ) -> np.ndarray:
     """The prompts whose last group is at step ``since`` or later (``SkillTracker.recent``)
     with at most ``most`` groups (None: any), restricted to the latest whole steps that hold
-    at most ``cap`` of them (``_latest_steps``; None: all). Read from the window's latest
-    steps alone when those already hold more than ``cap`` that pass: the steps that fit are
-    then among them, and the set is the one the whole window gives."""
+    at most ``cap`` of them (``_latest_steps``; None: all). The window's latest steps are
+    read first; when those already hold more than ``cap`` that pass, the steps that fit are
+    among them and the older ones are never read — the set is the one the whole window gives."""
 
-    def passing(lo: int) -> tuple[np.ndarray, np.ndarray]:
-        o, at = tracker.recent(pool, lo)
+    def passing(lo: int, until: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        o, at = tracker.recent(pool, lo, until)
         if most is not None:
             keep = pool.groups[o] <= most
             o, at = o[keep], at[keep]
@@ -462,16 +462,13 @@ def _recent_candidates(
     if cap is None:
         return passing(since)[0]
     st = tracker.recent_s_
-    if st.size > 2 * cap:
-        top = int(st.max())
-        # The latest steps with about twice the cap of entries before the checks.
-        back = np.searchsorted(np.cumsum(np.bincount(top - st[st >= since])), 2 * cap)
-        lo = top - int(back)
-        if lo > since:
-            o, at = passing(lo)
-            if o.size > cap:
-                return _latest_steps(o, at, cap)
-    o, at = passing(since)
+    top = int(st.max(initial=since))
+    # The latest steps with about twice the cap of entries before the checks.
+    lo = max(top - int(np.searchsorted(np.cumsum(np.bincount(top - st[st >= since])), 2 * cap)), since)
+    o, at = passing(lo)
+    if o.size <= cap and lo > since:  # too few pass there: the older steps too
+        older = passing(since, lo)
+        o, at = np.r_[o, older[0]], np.r_[at, older[1]]
     return _latest_steps(o, at, cap)
 
 

@@ -126,15 +126,17 @@ class SkillTracker:
         self.memo_ += np.array([tot_r[1], tot_n[1], tot_r[0], tot_n[0], float(h @ diff), float(h.sum())])
         self.memo_weight_ += float(h.sum())
 
-    def recent(self, pool: PoolState, since: int) -> tuple[np.ndarray, np.ndarray]:
-        """The prompts whose last group is at step ``since`` or later, for ``since`` ≥ the
-        latest reported step − ``recent_window``: the set ``flatnonzero(pool.last_step >=
-        since)`` gives, from the window's reports alone (each prompt at the entries of its
-        last step — twice only if that step reported it twice; unsorted), and that step."""
+    def recent(self, pool: PoolState, since: int, until: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The prompts whose last group is at step ``since`` or later (and before ``until``),
+        for ``since`` ≥ the latest reported step − ``recent_window``: the set
+        ``flatnonzero(pool.last_step >= since)`` gives, from the window's reports alone (each
+        prompt at the entries of its last step — twice only if that step reported it twice;
+        unsorted), and that step."""
         o, st = self.recent_o_, self.recent_s_
-        if since > st.min(initial=since):  # the window's older steps need no gather
-            m = st >= since
-            o, st = o[m], st[m]
+        m = st >= since
+        if until is not None:
+            m &= st < until
+        o, st = o[m], st[m]
         keep = st == pool.last_step[o]
         return o[keep], st[keep]
 
