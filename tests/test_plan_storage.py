@@ -179,3 +179,59 @@ def test_plans_decided_ahead_are_the_plans_decided_on_their_path(make_client, tm
         assert "rollplan_plans_decided_ahead_total{" not in plain.get("/metrics").text.replace(" 0.0", "")
     finally:
         plain.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_new_plan_on_postgresql_is_four_round_trips(client):
+    """The plan's path on PostgreSQL, counted in the wire protocol (libpq's trace of every
+    pooled connection; each ReadyForQuery ends one round trip): the auth probe in autocommit
+    (no BEGIN and ROLLBACK around it), the lock with BEGIN and the plan's context in one
+    simple query (no BEGIN of the driver's own before it), the plan's one statement, COMMIT.
+    The transaction is still one: a failed request leaves nothing, and the pooled
+    connection goes back to the driver's transactional mode."""
+    import tempfile
+
+    import psycopg
+    from sqlalchemy import event
+
+    _run(client, "wire")
+    client.post("/v1/runs/wire/plans", json={"batch_size": 8, "step": 0}).raise_for_status()
+    app = client.app
+    while not hasattr(app, "state"):
+        app = app.app
+    sql = app.state.sql_engine
+    trace = tempfile.TemporaryFile("w+")
+
+    def on(dbapi_conn, record, proxy):
+        dbapi_conn.pgconn.trace(trace.fileno())
+        dbapi_conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+
+    def off(dbapi_conn, record):
+        dbapi_conn.pgconn.untrace()
+
+    event.listen(sql, "checkout", on)
+    event.listen(sql, "checkin", off)
+    try:
+        assert client.post("/v1/runs/wire/plans", json={"batch_size": 8, "step": 1}).status_code == 201
+    finally:
+        event.remove(sql, "checkout", on)
+        event.remove(sql, "checkin", off)
+    trace.seek(0)
+    lines = trace.read().splitlines()
+    sent = [x.split("\t")[3].strip() for x in lines if x.startswith("F\t") and x.split("\t")[2] == "Query"]
+    trips = sum(1 for x in lines if x.startswith("B\t") and "ReadyForQuery" in x)
+    assert trips == 4, lines
+    assert not any(q == '"BEGIN"' for q in sent), sent  # BEGIN only within the lock's query
+    assert any(q.startswith('"SELECT pg_advisory_xact_lock(') and "; BEGIN; SELECT" in q for q in sent), sent
+    assert sent[-1] == '"COMMIT"', sent
+    # Every pooled connection is back in transactional mode, and one without a lock
+    # still groups its statements in a transaction that a failure rolls back.
+    with sql.connect() as conn:
+        assert conn.connection.dbapi_connection.autocommit is False
+    # A request that fails inside the locked transaction leaves nothing behind.
+    before = client.get("/v1/runs/wire").json()
+    bad = client.post(
+        "/v1/runs/wire/results", json={"report_id": "x", "step": 1, "results": [{"prompt_id": "nope", "rewards": [1]}]}
+    )
+    assert bad.status_code in (404, 422), bad.text
+    assert client.get("/v1/runs/wire").json() == before

@@ -70,8 +70,9 @@ def auth_enabled(request: Request) -> bool:
     on = bool(state.settings.api_keys)
     if not on:
         # Checked on every request while off (a key made by the CLI takes effect at
-        # once): one pooled connection and one indexed probe, no ORM session.
-        with state.sql_engine.connect() as conn:
+        # once): one pooled connection and one indexed probe, no ORM session, in
+        # autocommit (no BEGIN and ROLLBACK around it: one round trip, not three).
+        with state.sql_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             on = auth.any_key_stored(conn)
     state.auth_on = on
     return on

@@ -104,21 +104,31 @@ def literal(value: Any) -> str:
 def _begin_locked(session: Session, run_id: str, read: str | None) -> tuple | None:
     """Take the run's lock as the transaction's first statement; on PostgreSQL with
     ``read``, a query sent in the same round trip, run after the lock is granted (its
-    own statement, so its snapshot sees every transaction that held the lock before)."""
+    own statement, so its snapshot sees every transaction that held the lock before).
+
+    On PostgreSQL the transaction's BEGIN travels in that round trip too: the connection
+    is in autocommit for the driver (psycopg sends no BEGIN of its own, a round trip
+    before every transaction), and ``SELECT pg_advisory_xact_lock(k); BEGIN; read`` opens
+    the server's transaction block itself — a lock taken before a BEGIN in one simple
+    query belongs to the block BEGIN opens (PostgreSQL's protocol: the statements before
+    it are retroactively included), so it is held to COMMIT. Commit and rollback end it
+    as before: psycopg sends COMMIT / ROLLBACK whenever the server is in a transaction."""
     bind = session.get_bind()
     if bind.dialect.name == "sqlite":
         session.connection(execution_options={_SQLITE_BEGIN: "BEGIN IMMEDIATE"})
         return None
     key = run_lock_key(run_id)
-    if read is None:
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-        return None
-    # No parameters: psycopg sends both statements as one simple query (one round trip).
-    res = session.connection().exec_driver_sql(f"SELECT pg_advisory_xact_lock({key}); {read}")
+    conn = session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    # No parameters: psycopg sends the statements as one simple query (one round trip).
+    res = conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key}); BEGIN" + ("" if read is None else f"; {read}"))
     cur = res.cursor
-    if cur is None or not cur.nextset():  # pragma: no cover - two statements were sent
-        raise RuntimeError("the locked read returned no result")
-    row = cur.fetchone()
+    if cur is None or not cur.nextset():  # pragma: no cover - the statements were sent together
+        raise RuntimeError("the locked transaction did not begin")
+    row = None
+    if read is not None:
+        if not cur.nextset():  # pragma: no cover
+            raise RuntimeError("the locked read returned no result")
+        row = cur.fetchone()
     res.close()
     return row
 
