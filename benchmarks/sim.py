@@ -249,6 +249,7 @@ class Calibration:
         self.first_sq = np.zeros(2)
         self.first_pred: list[np.ndarray] = []
         self.first_true: list[np.ndarray] = []
+        self.first_dom: list[np.ndarray] = []  # the level's running mean at those groups
 
     def add(
         self,
@@ -272,6 +273,7 @@ class Calibration:
                     float(np.sum((dom0 - obs[first]) ** 2)),
                 ]
                 self.first_pred.append(predicted[first])
+                self.first_dom.append(dom0)
                 if true_p is not None:
                     self.first_true.append(true_p[first])
         beta = (self.s[idx] + 1.0) / (self.n[idx] + 2.0)
@@ -295,12 +297,15 @@ class Calibration:
     def result(self) -> dict:
         g = max(self.groups, 1)
         f = sum(a.size for a in self.first_pred)
-        rho = None
+        rho = rho_dom = None
         if self.first_true and f >= 10:
             from scipy.stats import spearmanr
 
-            r = spearmanr(np.concatenate(self.first_pred), np.concatenate(self.first_true)).statistic
-            rho = float(r) if np.isfinite(r) else None
+            def rank(pred: list[np.ndarray]) -> float | None:
+                r = spearmanr(np.concatenate(pred), np.concatenate(self.first_true)).statistic
+                return float(r) if np.isfinite(r) else None
+
+            rho, rho_dom = rank(self.first_pred), rank(self.first_dom)
         return {
             "brier": float(self.sq[0] / g) if self.has_predictions and self.groups else None,
             "brier_beta": float(self.sq[1] / g) if self.groups else None,
@@ -310,6 +315,9 @@ class Calibration:
             "brier_first": float(self.first_sq[0] / f) if f else None,
             "brier_first_domain": float(self.first_sq[1] / f) if f else None,
             "spearman_first": rho,
+            # The same groups ranked by their true level's running mean (the baseline of the
+            # Brier above, which knows the level the service may not be told).
+            "spearman_first_domain": rho_dom,
         }
 
 

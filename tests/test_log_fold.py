@@ -184,26 +184,33 @@ def test_live_replica_restart_and_chunking_agree(two_dbs, clients, name, scn):
 
 
 TEXT_SPEC = {"name": "default", "params": {"text_prior_every": 1}}
+# A window longer than the run: refits come from the doubling of the prompts seen alone.
+TEXT_SPEC_DOUBLING = {"name": "default", "params": {"text_prior_every": 25}}
 
 
+@pytest.mark.parametrize("spec", [TEXT_SPEC, TEXT_SPEC_DOUBLING], ids=["every-step", "doubling"])
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(scn=scenarios())
-def test_text_prior_live_replica_restart_and_chunking_agree(two_dbs, clients, scn):
+def test_text_prior_live_replica_restart_and_chunking_agree(two_dbs, clients, spec, scn):
     """``default``'s text prior refits inside the fold from prompts' text and embeddings
-    (an update changes some of them): live, replica, restart and the one-report run agree
-    exactly, and the prior was fitted and is in force."""
+    (an update changes some of them) — every step, or within one window as the prompts seen
+    double: live, replica, restart and the one-report run agree exactly, and the prior was
+    fitted and is in force."""
     scn = {**scn, "change_step": STEPS}  # the text prior's strategy throughout
     url_a, url_b = two_dbs
     run_id = "t" + uuid.uuid4().hex[:12]  # examples may repeat a scenario (change_step is fixed here)
     a = clients.make(url_a)
     b1, b2 = clients.make(url_b), clients.make(url_b)
-    drive(scn, TEXT_SPEC, run_id, lambda i: a, chunked=False, text=True)
-    drive(scn, TEXT_SPEC, run_id, lambda i: (b1, b2)[i % 2], chunked=True, text=True)
+    drive(scn, spec, run_id, lambda i: a, chunked=False, text=True)
+    drive(scn, spec, run_id, lambda i: (b1, b2)[i % 2], chunked=True, text=True)
     b3 = clients.make(url_b)
     want = observed(a, run_id)
     tp = want["strategy_state"]["text_prior"]
-    assert tp["training_prompts"] >= 10 and tp["window"] == STEPS - 1, tp
+    every = spec["params"]["text_prior_every"]
+    assert tp["training_prompts"] >= 10 and tp["window"] == (STEPS - 1) // every, tp
+    if every > 1:  # refit after step 0 although the window never changed
+        assert tp["fit_step"] >= 1, tp
     for c in (b1, b2, b3):
         assert observed(c, run_id) == want
     assert plan_items(b3, run_id, STEPS) == plan_items(a, run_id, STEPS)

@@ -171,3 +171,43 @@ def test_client_priors_train_the_text_prior_for_prompts_no_run_has_seen():
     assert spearmanr(rel, -level[unseen]).statistic > 0.8
     tp0, _ = fitted(False)
     assert not tp0.useful and tp0.rows == 0
+
+
+def test_the_prior_refits_as_the_seen_prompts_double_within_a_window():
+    """Early in a run most groups are first-time groups: the text prior is refit at the first
+    report of every step by which the prompts seen have doubled since its last attempt, not
+    only once a window — so a first attempt with too few rows is tried again at twice as many,
+    and never-seen prompts are ranked by their text from the first steps on. (Live, replica,
+    restart and k reports a step agree with it: ``test_log_fold``'s text-prior test.)"""
+    P, B = 3_000, 32
+    rng, level, _ = _levelled_pool(4, P)
+    texts = _texts(level, rng)
+    truth = np.array([0.9, 0.6, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0])[level - 1]
+    o = np.arange(P)
+
+    def run():
+        s = strat.build("default", {"text_prior_every": 25})
+        pool = s.make_pool()
+        pool.set_prompts(o, np.zeros(P, np.int32), np.full(P, np.nan))
+        pool.set_text(o, texts, None)
+        g = np.random.default_rng(0)
+        fits = []
+        for step in range(12):
+            pick = np.sort(g.choice(P, B, replace=False))
+            k = g.binomial(8, truth[pick]).astype(float)
+            pool.observe(sim._observations(pick, np.full(B, 8), k, step))  # the fold: a step at a time
+            tp = pool.tracker("skill", SkillTracker).text_prior
+            fits.append((tp.fit_step, tp.rows, tp.useful))
+        return fits, tp, pool
+
+    fits, tp, pool = run()
+    steps = sorted({f[0] for f in fits})
+    # Window 0 holds steps 0–24: one fit a window would be step 0's alone (32 seen: too few
+    # held-out rows, no fit). Here the attempts follow the seen prompts, each at twice the
+    # count of the last: 32 (step 0), 64 (step 1), 157 (step 4), 314+ (step 10).
+    assert steps == [0, 1, 4, 10], fits
+    assert fits[0][1] == 0 and fits[1][1] > 40  # the failed first attempt retried at once
+    assert fits[-1][1] > 200 and fits[-1][2]
+    unseen = np.flatnonzero(pool.groups == 0)
+    rel = tp.predict(pool.text, unseen)[0]
+    assert spearmanr(rel, -level[unseen]).statistic > 0.8

@@ -307,7 +307,11 @@ class FrontierParams(StrategyParams):
         "embedding.",
     )
     text_prior_every: int = Field(
-        25, ge=1, le=100_000, description="Steps between refits of the text prior (a window of the log)."
+        25,
+        ge=1,
+        le=100_000,
+        description="Steps between refits of the text prior (a window of the log); it is also refit at the first "
+        "report of a step by which the prompts seen have doubled since its last fit.",
     )
 
 

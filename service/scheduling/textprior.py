@@ -35,11 +35,17 @@ refit) less its domain's prior shares (the seen prompts only); each is in force 
 is below the domain share's. A never-seen prompt's class prior is then the domain's share
 plus the fitted residual (``irt._class_prior``: clipped, P(normal) ≥ 0.02).
 
-**When**: refit at the first report of every window of ``every`` steps, from the
-fold's state at that point — a pure function of the log, so a live server, a restarted
-one, a replica and every replay plan with the same coefficients (the version in force
-is the window, a position in the log). The cost is bounded: the ``max_rows`` most
-recently seen prompts, ``iterations`` CG steps of two sparse products each.
+**When**: refit at the first report of every window of ``every`` steps, and at the
+first report of any later step by which the prompts seen have doubled since the last
+attempt (``seen``, counted by the tracker) — early in a run, when most groups are
+first-time groups, the prior then follows the pool as it is seen (at 32, 64, 128 … seen
+prompts) instead of waiting a whole window, and a first attempt with too few rows to fit
+is tried again as soon as there are twice as many. Each is computed from the fold's state
+at that point — a pure function of the log, so a live server, a restarted one, a replica
+and every replay plan with the same coefficients (the version in force is a position in
+the log). The cost is bounded: the ``max_rows`` most recently seen prompts,
+``iterations`` CG steps of two sparse products each; the doubling adds at most
+log₂(pool) fits to a run.
 """
 
 from __future__ import annotations
@@ -212,6 +218,9 @@ class TextPrior:
     def __init__(self, every: int = 25, ridge: float = 1.0, iterations: int = 40, max_rows: int = 50_000) -> None:
         self.every, self.ridge, self.iterations, self.max_rows = every, ridge, iterations, max_rows
         self.window = -1  # the window of the last fit
+        self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them)
+        self.fit_seen = 0  # ``seen`` at the last fit (or attempt)
+        self.fit_step = -1  # the step of the last fit (or attempt)
         self.coef_: np.ndarray | None = None  # DIM + dense + bias
         self.var = np.inf
         self.rows = 0  # training prompts of the fit in force
@@ -220,7 +229,11 @@ class TextPrior:
         self.class_useful = np.zeros(2, bool)
 
     def due(self, step: int) -> bool:
-        return self.every > 0 and step // self.every > self.window
+        """At the first report of a new window, or of a later step by which the prompts
+        seen have doubled since the last fit (at least 16 of them)."""
+        if self.every <= 0 or step <= self.fit_step:
+            return False
+        return step // self.every > self.window or self.seen >= 2 * max(self.fit_seen, 8)
 
     def fit(
         self,
@@ -239,7 +252,7 @@ class TextPrior:
         fit must beat). ``classes`` (seen × 2, optional): their P(stuck), P(solved) less
         their domain's prior shares, the targets of the latent-class fit (NaN: a row that
         trains the difficulty only)."""
-        self.window = step // self.every
+        self.window, self.fit_step, self.fit_seen = step // self.every, step, self.seen
         keep = slice(-self.max_rows, None)
         seen, y, noise, normal = seen[keep], y[keep], noise[keep], normal[keep]
         has = text.has(seen)

@@ -84,6 +84,10 @@ class SkillTracker:
             new = obs.step >= lo
             self.recent_o_ = np.r_[self.recent_o_[keep], o[new]]
             self.recent_s_ = np.r_[self.recent_s_[keep], obs.step[new].astype(np.int64)]
+        tp = self.text_prior
+        if tp is not None and pool.text is not None and pool.text.any:
+            # The prompts seen for the first time (the refit's doubling rule).
+            tp.seen += int(np.unique(o[self.model.tau_[o] <= 0]).size)
         self.model.observe(
             o,
             d,
@@ -94,7 +98,6 @@ class SkillTracker:
             self._pred(pool, o),
         )
         step = int(obs.step.max())
-        tp = self.text_prior
         if tp is not None and pool.text is not None and pool.text.any and tp.due(step):
             self._refit(pool, pool.text, tp, step)
 
@@ -241,6 +244,7 @@ class SkillTracker:
         if tp is not None:
             out["text_prior"] = {
                 "window": tp.window,
+                "fit_step": tp.fit_step,
                 "training_prompts": tp.rows,
                 "variance": None if not np.isfinite(tp.var) else tp.var,
                 "in_use": tp.useful,
