@@ -174,7 +174,7 @@ def test_client_priors_train_the_text_prior_for_prompts_no_run_has_seen():
 
 
 def test_the_prior_refits_as_the_seen_prompts_double_within_a_window():
-    """Early in a run most groups are first-time groups: the text prior is refit at the first
+    """With ``text_prior_doubling`` (off in ``default``): early in a run most groups are first-time groups: the text prior is refit at the first
     report of every step by which the prompts seen have doubled since its last attempt, not
     only once a window — so a first attempt with too few rows is tried again at twice as many,
     and never-seen prompts are ranked by their text from the first steps on. (Live, replica,
@@ -185,8 +185,8 @@ def test_the_prior_refits_as_the_seen_prompts_double_within_a_window():
     truth = np.array([0.9, 0.6, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0])[level - 1]
     o = np.arange(P)
 
-    def run():
-        s = strat.build("default", {"text_prior_every": 25})
+    def run(doubling: bool = True):
+        s = strat.build("default", {"text_prior_every": 25, "text_prior_doubling": doubling})
         pool = s.make_pool()
         pool.set_prompts(o, np.zeros(P, np.int32), np.full(P, np.nan))
         pool.set_text(o, texts, None)
@@ -211,3 +211,6 @@ def test_the_prior_refits_as_the_seen_prompts_double_within_a_window():
     unseen = np.flatnonzero(pool.groups == 0)
     rel = tp.predict(pool.text, unseen)[0]
     assert spearmanr(rel, -level[unseen]).statistic > 0.8
+    # Off (as in ``default``): one attempt in the window, step 0's, which fitted nothing.
+    off, tp_off, _ = run(False)
+    assert {f[0] for f in off} == {0} and not tp_off.useful

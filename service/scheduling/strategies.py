@@ -310,8 +310,14 @@ class FrontierParams(StrategyParams):
         25,
         ge=1,
         le=100_000,
-        description="Steps between refits of the text prior (a window of the log); it is also refit at the first "
-        "report of a step by which the prompts seen have doubled since its last fit.",
+        description="Steps between refits of the text prior (a window of the log).",
+    )
+    text_prior_doubling: bool = Field(
+        False,
+        description="Also refit the text prior at the first report of a step by which the prompts seen have "
+        "doubled since its last fit (it then follows the pool through the first steps; measured in RESULTS.md: "
+        "better on the simulator's text worlds, worse on the GRPO learner with levels as domains, so off in "
+        "`default`).",
     )
 
 
@@ -344,7 +350,7 @@ class Frontier(Strategy[FP]):
             em=p.em,
             skill_share=p.skill_share,
         )
-        text = TextPrior(every=p.text_prior_every) if p.text_prior else None
+        text = TextPrior(every=p.text_prior_every, doubling=p.text_prior_doubling) if p.text_prior else None
         pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife, p.recent_candidates)
         return pool
 

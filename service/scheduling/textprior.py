@@ -35,9 +35,10 @@ refit) less its domain's prior shares (the seen prompts only); each is in force 
 is below the domain share's. A never-seen prompt's class prior is then the domain's share
 plus the fitted residual (``irt._class_prior``: clipped, P(normal) ≥ 0.02).
 
-**When**: refit at the first report of every window of ``every`` steps, and at the
-first report of any later step by which the prompts seen have doubled since the last
-attempt (``seen``, counted by the tracker) — early in a run, when most groups are
+**When**: refit at the first report of every window of ``every`` steps; with
+``doubling`` (the strategies' ``text_prior_doubling``, off in ``default``: measured in
+RESULTS.md, not taken) also at the first report of any later step by which the prompts
+seen have doubled since the last attempt (``seen``, counted by the tracker) — early in a run, when most groups are
 first-time groups, the prior then follows the pool as it is seen (at 32, 64, 128 … seen
 prompts) instead of waiting a whole window, and a first attempt with too few rows to fit
 is tried again as soon as there are twice as many. Each is computed from the fold's state
@@ -45,7 +46,7 @@ at that point — a pure function of the log, so a live server, a restarted one,
 and every replay plan with the same coefficients (the version in force is a position in
 the log). The cost is bounded: the ``max_rows`` most recently seen prompts,
 ``iterations`` CG steps of two sparse products each; the doubling adds at most
-log₂(pool) fits to a run.
+log₂(pool) fits to a run. (Without it a first attempt with too few rows waits a window.)
 """
 
 from __future__ import annotations
@@ -215,8 +216,11 @@ def _holdout(o: np.ndarray) -> np.ndarray:
 class TextPrior:
     """The ridge model of relative easiness on prompt features (see the module docstring)."""
 
-    def __init__(self, every: int = 25, ridge: float = 1.0, iterations: int = 40, max_rows: int = 50_000) -> None:
+    def __init__(
+        self, every: int = 25, ridge: float = 1.0, iterations: int = 40, max_rows: int = 50_000, doubling: bool = False
+    ) -> None:
         self.every, self.ridge, self.iterations, self.max_rows = every, ridge, iterations, max_rows
+        self.doubling = doubling  # also refit as the prompts seen double (see "When")
         self.window = -1  # the window of the last fit
         self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them)
         self.fit_seen = 0  # ``seen`` at the last fit (or attempt)
@@ -229,11 +233,11 @@ class TextPrior:
         self.class_useful = np.zeros(2, bool)
 
     def due(self, step: int) -> bool:
-        """At the first report of a new window, or of a later step by which the prompts
-        seen have doubled since the last fit (at least 16 of them)."""
+        """At the first report of a new window, or (``doubling``) of a later step by which
+        the prompts seen have doubled since the last fit (at least 16 of them)."""
         if self.every <= 0 or step <= self.fit_step:
             return False
-        return step // self.every > self.window or self.seen >= 2 * max(self.fit_seen, 8)
+        return step // self.every > self.window or (self.doubling and self.seen >= 2 * max(self.fit_seen, 8))
 
     def fit(
         self,
