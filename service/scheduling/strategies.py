@@ -307,10 +307,7 @@ class FrontierParams(StrategyParams):
         "embedding.",
     )
     text_prior_every: int = Field(
-        25,
-        ge=1,
-        le=100_000,
-        description="Steps between refits of the text prior (a window of the log).",
+        25, ge=1, le=100_000, description="Steps between refits of the text prior (a window of the log)."
     )
     text_prior_doubling: bool = Field(
         False,

@@ -38,9 +38,9 @@ plus the fitted residual (``irt._class_prior``: clipped, P(normal) ≥ 0.02).
 **When**: refit at the first report of every window of ``every`` steps; with
 ``doubling`` (the strategies' ``text_prior_doubling``, off in ``default``: measured in
 RESULTS.md, not taken) also at the first report of any later step by which the prompts
-seen have doubled since the last attempt (``seen``, counted by the tracker) — early in a run, when most groups are
-first-time groups, the prior then follows the pool as it is seen (at 32, 64, 128 … seen
-prompts) instead of waiting a whole window, and a first attempt with too few rows to fit
+seen have doubled since the last attempt (``seen``, counted by the tracker) — early in a
+run, when most groups are first-time groups, the prior then follows the pool as it is
+seen (at 32, 64, 128 … seen prompts) instead of waiting a whole window, and a first attempt with too few rows to fit
 is tried again as soon as there are twice as many. Each is computed from the fold's state
 at that point — a pure function of the log, so a live server, a restarted one, a replica
 and every replay plan with the same coefficients (the version in force is a position in
@@ -222,7 +222,7 @@ class TextPrior:
         self.every, self.ridge, self.iterations, self.max_rows = every, ridge, iterations, max_rows
         self.doubling = doubling  # also refit as the prompts seen double (see "When")
         self.window = -1  # the window of the last fit
-        self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them)
+        self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them with ``doubling``)
         self.fit_seen = 0  # ``seen`` at the last fit (or attempt)
         self.fit_step = -1  # the step of the last fit (or attempt)
         self.coef_: np.ndarray | None = None  # DIM + dense + bias

@@ -85,8 +85,8 @@ class SkillTracker:
             self.recent_o_ = np.r_[self.recent_o_[keep], o[new]]
             self.recent_s_ = np.r_[self.recent_s_[keep], obs.step[new].astype(np.int64)]
         tp = self.text_prior
-        if tp is not None and pool.text is not None and pool.text.any:
-            # The prompts seen for the first time (the refit's doubling rule).
+        if tp is not None and tp.doubling and pool.text is not None and pool.text.any:
+            # The prompts seen for the first time (read only by the refit's doubling rule).
             tp.seen += int(np.unique(o[self.model.tau_[o] <= 0]).size)
         self.model.observe(
             o,
