@@ -546,10 +546,15 @@ def test_max_new_tokens_hints_applied_or_counted_unused(server_factory, tmp_path
     transformers' generate, the hinted rows are generated with that limit (seen at the
     model's ``generate``); truncation is then judged against the applied limit. Where the
     path cannot apply them (here forced) they are counted unused and every row keeps 6.
-    Both counts reach the trainer's logs (``rollplan/hints_applied`` / ``_unused``)."""
+    Both counts reach the trainer's logs (``rollplan/hints_applied`` / ``_unused``).
+
+    Reports are sent in the background and the plans are fixed up to two steps ahead (the
+    dataloader's lookahead, then the core's prefetch), so the first step whose plan sees a
+    report depends on timing (step 3 or 4 seen here): 8 steps leave at least two hinted
+    steps however late the first report lands within a step or two."""
     srv = server_factory().start()
     rec = Recorder()
-    run, steps = f"trl-hints-{applicable}", 5
+    run, steps = f"trl-hints-{applicable}", 8
     trainer = _trainer(tmp_path, srv.url, rec, max_steps=steps, run_id=run, rollplan_hints=True)
     if not applicable:
         trainer._can_apply_hints = lambda images, multimodal: False
