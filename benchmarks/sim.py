@@ -363,12 +363,18 @@ class UnseenRank:
 class OwnEvidence:
     """Whether a prompt's own evidence takes it out of the batch: picks of wrong labels that
     already had 2 all-fail groups, and of prompts with 3+ all-pass groups in a row, each
-    against uniform sampling's expectation (the set's share of the pool × the batch)."""
+    against uniform sampling's expectation (the set's share of the pool × the batch); and the
+    re-picks of prompts none of whose groups has passed yet, by how many groups they had (1,
+    2 or more): their share of all groups and the share of them that turned out informative
+    (where the re-probing of written-off prompts pays, and where it is waste)."""
 
     def __init__(self, prompts: int) -> None:
         self.fails = np.zeros(prompts, np.int64)
+        self.groups = np.zeros(prompts, np.int64)
         self.pass_streak = np.zeros(prompts, np.int64)
         self.sums = np.zeros(4)  # stuck picks, stuck expected, solved picks, solved expected
+        self.repicks = np.zeros((2, 2))  # [1 group, 2+ groups] × [picks, informative ones]
+        self.picks = 0
 
     def add(self, idx: np.ndarray, n: np.ndarray, k: np.ndarray, broken: np.ndarray) -> None:
         """One step's groups (distinct prompts ``idx``), before they are applied."""
@@ -377,17 +383,28 @@ class OwnEvidence:
         stuck = broken & (self.fails >= 2)
         solved = self.pass_streak >= 3
         self.sums += (stuck[idx].sum(), idx.size * stuck.mean(), solved[idx].sum(), idx.size * solved.mean())
+        g = self.groups[idx]
+        never_passed = (g > 0) & (self.fails[idx] == g)
+        inf = (k > 0) & (k < n)
+        for row, m in enumerate((never_passed & (g == 1), never_passed & (g >= 2))):
+            self.repicks[row] += (m.sum(), (m & inf).sum())
+        self.picks += idx.size
         np.add.at(self.fails, idx, (k <= 0).astype(np.int64))
+        np.add.at(self.groups, idx, 1)
         self.pass_streak[idx] = np.where(k >= n, self.pass_streak[idx] + 1, 0)
 
     def result(self) -> dict:
-        s = self.sums
-        return {
+        s, r = self.sums, self.repicks
+        out = {
             # ≤ 0.25 asked: picks of wrong labels after 2 all-fail groups / uniform's expectation.
             "stuck_pick_rate": float(s[0] / s[1]) if s[1] else None,
             # picks of prompts with ≥ 3 all-pass groups in a row / uniform's expectation.
             "solved_pick_rate": float(s[2] / s[3]) if s[3] else None,
         }
+        for row, name in enumerate(("1", "2plus")):
+            out[f"repick_allfail{name}_share"] = float(r[row, 0] / self.picks) if self.picks else None
+            out[f"repick_allfail{name}_informative"] = float(r[row, 1] / r[row, 0]) if r[row, 0] else None
+        return out
 
 
 def coverage_row(rolled: np.ndarray, domain: np.ndarray, windows: np.ndarray, unvisited: np.ndarray) -> dict:
@@ -739,6 +756,10 @@ DIAGNOSTICS = (
     "batch_share_trivial",
     "stuck_pick_rate",
     "solved_pick_rate",
+    "repick_allfail1_share",
+    "repick_allfail1_informative",
+    "repick_allfail2plus_share",
+    "repick_allfail2plus_informative",
     "brier",
     "brier_beta",
     "brier_domain",
@@ -875,9 +896,9 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
     print(
         "| arm | reached | rollouts to target (mean ± sd) | × vs uniform | × vs DAPO | share of oracle gain "
         "| effective ratio | groups p<0.02 | wrong labels | groups p>0.98 | stuck / solved picks vs uniform "
-        "| Brier (Beta, domain) | final acc |"
+        "| re-probes after 2+ all-fail groups (informative) | Brier (Beta, domain) | final acc |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     f = lambda x, d=2: "—" if x is None else f"{x:.{d}f}"  # noqa: E731
     for s in summary:
         m = s["rollouts_to_target_mean"]
@@ -889,7 +910,8 @@ def print_table(summary: list[dict], args, title: str = "simulator") -> None:
             f"| {s['arm']} | {s['reached']} | {mt} | {f(s['speedup_vs_uniform'])} | {f(s['speedup_vs_dapo'])} | "
             f"{gt} | {s['effective_ratio']:.3f} | {f(s.get('share_groups_true_below_0.02'), 3)} | "
             f"{f(s.get('batch_share_broken'), 3)} | {f(s.get('share_groups_true_above_0.98'), 3)} | "
-            f"{f(s.get('stuck_pick_rate'))} / {f(s.get('solved_pick_rate'))} | {bt} | "
+            f"{f(s.get('stuck_pick_rate'))} / {f(s.get('solved_pick_rate'))} | "
+            f"{f(s.get('repick_allfail2plus_share'), 3)} ({f(s.get('repick_allfail2plus_informative'))}) | {bt} | "
             f"{s['final_accuracy']:.3f} |"
         )
 

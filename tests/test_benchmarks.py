@@ -50,6 +50,22 @@ def test_effective_by_quarter_is_the_informative_share_of_each_quarter_s_rollout
     assert sim.effective_by_quarter([0] * 4, [0] * 4) == [0.0] * 4
 
 
+def test_repicks_of_never_passed_prompts_are_counted_by_their_groups():
+    from rollplan.benchmarks import sim
+
+    own = sim.OwnEvidence(4)
+    broken = np.zeros(4, bool)
+    n = np.full(3, 8)
+    own.add(np.array([0, 1, 2]), n, np.array([0, 0, 3]), broken)  # first groups: no re-picks
+    own.add(np.array([0, 1, 2]), n, np.array([2, 0, 0]), broken)  # 0 and 1 re-picked after 1 all-fail group
+    own.add(np.array([0, 1, 3]), n, np.array([0, 8, 0]), broken)  # 1 after 2 (0 has passed: not counted)
+    r = own.result()
+    assert r["repick_allfail1_share"] == pytest.approx(2 / 9)
+    assert r["repick_allfail1_informative"] == pytest.approx(1 / 2)  # prompt 0's k = 2 of 8
+    assert r["repick_allfail2plus_share"] == pytest.approx(1 / 9)
+    assert r["repick_allfail2plus_informative"] == 0.0  # prompt 1's all-pass group
+
+
 def test_cost_world_smoke(tmp_path):
     """The cost world: every arm runs, reports tokens, rollouts, the zero-signal token share and
     truncation; a token plan never spends past its budget; hints lower truncation on the same plans."""

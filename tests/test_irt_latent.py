@@ -451,3 +451,64 @@ def test_evidence_decay_keeps_a_wrong_label_out_and_lets_a_hard_prompt_back():
     assert q_easy == pytest.approx(want, rel=1e-6)
     assert easy.latent_probs(o, d, 100_000)[0][0] == pytest.approx(a / (1 - b), rel=1e-6)
     assert easy.latent_probs(o, d, 100_000)[1][0] == 0.0  # ruled out by its failures: stays out
+
+
+def _reprobe_pool(reprobe_halflife: float = 1e6, size: int = 200):
+    s = strat.build("default", {"text_prior": False, "reprobe_halflife": reprobe_halflife, "uniform_share": 0.0,
+                                "recent_candidates": 0, "probe_every": 0, "cooldown": 0})
+    pool = s.make_pool()
+    pool.set_prompts(np.arange(size), np.zeros(size, np.int32), np.full(size, NAN))
+    return s, pool
+
+
+def test_reprobe_value_is_the_informative_rate_of_reprobes_against_the_rest():
+    """`reprobe_halflife`: groups of prompts that never passed in 2+ earlier groups
+    (re-probes of written-off prompts) are counted apart from the rest; the value is their
+    informative rate over the others', shrunk toward 1 by 32 pseudo-groups, at most 1. A
+    step's groups split over several reports, a prompt twice in one report included, give
+    the same counts as one report."""
+    s, pool = _reprobe_pool()
+    tracker = pool.tracker("skill", SkillTracker)
+    assert tracker.reprobe_value() == 1.0  # nothing seen
+    # prompts 0..9 fail twice; 10..49 are informative every time
+    for step in range(2):
+        pool.observe(_observations(np.arange(50), np.full(50, 8), np.r_[np.zeros(10), np.full(40, 4.0)], step))
+    assert tracker.reprobe_[0] == 0  # no re-probe yet: two groups are needed before
+    pool.observe(_observations(np.arange(50), np.full(50, 8), np.r_[np.zeros(10), np.full(40, 4.0)], 2))
+    c, ci, o, oi = tracker.reprobe_  # (a half-life of 10⁶ steps: nothing decays in 3)
+    assert (c, ci) == pytest.approx((10.0, 0.0)) and (o, oi) == pytest.approx((140.0, 120.0))
+    assert tracker.reprobe_value() == pytest.approx(32 / 42)  # (0 + 32·r) / (10 + 32) / r
+    # chunking: one report with prompt 60 three times (fail, fail, then informative) against three reports
+    a, _ = _reprobe_pool()
+    b, _ = _reprobe_pool()
+    pa, pb = a.make_pool(), b.make_pool()
+    for p in (pa, pb):
+        p.set_prompts(np.arange(200), np.zeros(200, np.int32), np.full(200, NAN))
+    o, k = np.array([60, 61, 60, 60]), np.array([0.0, 3.0, 0.0, 5.0])
+    pa.observe(_observations(o, np.full(4, 8), k, 0))
+    for part in ([0, 1], [2], [3]):
+        pb.observe(_observations(o[part], np.full(len(part), 8), k[part], 0))
+    ta, tb = pa.tracker("skill", SkillTracker), pb.tracker("skill", SkillTracker)
+    assert np.array_equal(ta.reprobe_, tb.reprobe_)
+    assert tuple(ta.reprobe_) == (1.0, 1.0, 3.0, 1.0)  # the third group of 60 is a re-probe, and informative
+
+
+def test_reprobes_that_return_nothing_are_discounted_in_the_plan():
+    """Where re-probes of never-passed prompts stay all-fail while other groups teach, the
+    plan holds fewer never-passed prompts than the same state's plan without the discount:
+    0..99 failed twice, 100..199 pass half the time, 200..299 7 in 8, 300..339 failed
+    three times (their third group: a re-probe that returned nothing), 340..399 always
+    pass; a batch of 150 takes the 100 informative ones and 50 of the rest."""
+    picks = {}
+    for hl in (0.0, 50.0):
+        s, pool = _reprobe_pool(hl, size=400)
+        for step in range(3):
+            o = np.arange(100 if step == 2 else 0, 400)
+            k = np.select([o < 100, o < 200, o < 300, o < 340], [0.0, 4.0, 7.0, 0.0], 8.0)
+            pool.observe(_observations(o, np.full(o.size, 8), k, step))
+        if hl:
+            assert pool.tracker("skill", SkillTracker).reprobe_value() < 0.5
+        d = s.plan(pool, strat.PlanRequest(150, 150 * 8, 1, 64, 3), strat.plan_rng("r", 3, "default"))
+        assert int(((d.ordinals >= 100) & (d.ordinals < 200)).sum()) == 100
+        picks[hl] = int((d.ordinals < 100).sum())
+    assert picks[0.0] >= 3 and picks[50.0] < picks[0.0]

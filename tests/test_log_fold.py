@@ -36,7 +36,7 @@ SPECS = [
     {
         "name": "default",
         "params": {"latent_hazard": 0.0, "latent_reopen": 1.0, "latent_decay": 0.01, "latent_hazard_solved": 0.001,
-                   "uniform_thompson": 0.0},
+                   "uniform_thompson": 0.0, "reprobe_halflife": 10.0, "latent_mean": True},
     },
 ]
 

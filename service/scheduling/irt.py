@@ -481,6 +481,21 @@ class SkillDifficultyModel:
         u = rng.random(x.shape)
         return np.where(u < qs, 0.0, np.where(u < qs + qv, 1.0, p))
 
+    def sample_informative(
+        self, o, d, prior_logit, step, rng: np.random.Generator, n, pred=None, scale: float | np.ndarray = 1.0
+    ) -> np.ndarray:
+        """P(an informative group of ``n``) at a Thompson draw of the item-response logit
+        (``scale`` as in :meth:`sample`), times P(normal): the latent classes taken in
+        expectation, not drawn (a prompt half likely stuck scores half, every plan, instead
+        of all or nothing by a coin)."""
+        seen = self._seen_part(o, step)
+        x, v = self.logit(o, d, prior_logit, step, pred, seen)
+        p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
+        f = 1.0 - p**n - (1.0 - p) ** n
+        if not self.latent:
+            return f
+        return _p_normal(*self.latent_probs(o, d, step, pred, seen)) * f
+
     def expected_score(self, o, d, prior_logit, step, n, kind: str = "informative", pred=None) -> np.ndarray:
         """The posterior expectation of a group's score, P(normal) × E[f(p)] over the
         logit's Gaussian (Gauss–Hermite); f = 1 − pⁿ − (1−p)ⁿ (P(informative)) or

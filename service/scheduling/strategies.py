@@ -143,6 +143,21 @@ class FrontierParams(StrategyParams):
         "probed again as the policy's skill rises elsewhere.",
     )
     thompson: bool = Field(False, description="Score a Thompson draw, or the predictive mean.")
+    reprobe_halflife: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="Re-probes of written-off prompts valued by what they returned (0: off): the run keeps the share "
+        "of informative groups among re-probes of prompts that never passed in 2 or more groups, and among every "
+        "other group, over its recent reports (this half-life in steps); where re-probes teach less, such candidates' "
+        "scores are scaled by the ratio (`GET /v1/runs/{run}`: `strategy_state.reprobe_value`).",
+    )
+    latent_mean: bool = Field(
+        False,
+        description="With `thompson` and the latent classes: score a candidate by P(normal) × P(informative) at the "
+        "item-response draw (the classes in expectation) instead of drawing its class (a prompt half likely stuck "
+        "scores half every plan, not all or nothing by a coin).",
+    )
     thompson_scale: float = Field(
         1.0,
         ge=0.0,
@@ -348,7 +363,7 @@ class Frontier(Strategy[FP]):
             skill_share=p.skill_share,
         )
         text = TextPrior(every=p.text_prior_every, doubling=p.text_prior_doubling) if p.text_prior else None
-        pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife, p.recent_candidates)
+        pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife, p.recent_candidates, p.reprobe_halflife)
         return pool
 
     def predict(self, pool: PoolState, idx: np.ndarray, step: int) -> np.ndarray:
@@ -408,7 +423,10 @@ class Frontier(Strategy[FP]):
             scale: float | np.ndarray = p.thompson_scale
             if p.thompson_scale_seen is not None:
                 scale = np.where(pool.groups[cand] > 0, p.thompson_scale_seen, p.thompson_scale)
-            score = selection.informative_prob(tracker.sample(pool, cand, step, rng, scale), n)
+            if p.latent_mean:
+                score = tracker.sample_informative(pool, cand, step, rng, n, scale)
+            else:
+                score = selection.informative_prob(tracker.sample(pool, cand, step, rng, scale), n)
         elif p.latent or p.score != "informative":
             score = tracker.expected_score(pool, cand, step, n, p.score)
         else:  # the published frontier: P(informative) at the predictive mean
@@ -416,6 +434,11 @@ class Frontier(Strategy[FP]):
         if p.reuse_discount:
             g = pool.groups[cand].astype(np.float64)
             score = score * np.maximum(1.0, (1.0 + g) / (1.0 + p.reuse_free)) ** -p.reuse_discount
+        if p.reprobe_halflife:
+            c = tracker.reprobe_value()
+            if c < 1.0:
+                g = pool.groups[cand]
+                score = np.where((g >= 2) & (pool.failed_groups[cand] == g), c * score, score)
         if p.cooldown:
             last = pool.last_step[cand]
             score = score - ((last >= 0) & (last >= req.step - p.cooldown))  # recent ones below every fresh one

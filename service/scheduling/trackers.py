@@ -43,10 +43,17 @@ class SkillTracker:
         text_prior: TextPrior | None = None,
         memo_halflife: float = 0.0,
         recent_window: int = 0,
+        reprobe_halflife: float = 0.0,
     ) -> None:
         self.model = model
         self.text_prior = text_prior
         self.memo_halflife = memo_halflife
+        # With ``reprobe_halflife`` > 0: decayed counts of the groups of prompts that had
+        # never passed in 2 or more groups before (re-probes of written-off prompts), of the
+        # informative ones among them, and the same two counts for every other group.
+        self.reprobe_halflife = reprobe_halflife
+        self.reprobe_ = np.zeros(4)
+        self.reprobe_step_ = -1
         # The ordinals reported in the last ``recent_window`` steps (with their steps; repeats
         # kept): the plan's recent candidates without a pass over the whole pool.
         self.recent_window = recent_window
@@ -78,6 +85,8 @@ class SkillTracker:
         w = _staleness_weight(pool, obs)
         if self.memo_halflife:
             self._observe_memorisation(pool, obs, w)
+        if self.reprobe_halflife:
+            self._observe_reprobes(pool, obs)
         if self.recent_window:
             lo = max(int(obs.step.max()), int(self.recent_s_.max(initial=-1))) - self.recent_window
             keep = self.recent_s_ >= lo
@@ -128,6 +137,39 @@ class SkillTracker:
         tot_r, tot_n = rs.sum(axis=0), ns.sum(axis=0)
         self.memo_ += np.array([tot_r[1], tot_n[1], tot_r[0], tot_n[0], float(h @ diff), float(h.sum())])
         self.memo_weight_ += float(h.sum())
+
+    def _observe_reprobes(self, pool: PoolState, obs: Observations) -> None:
+        """Add one fold's groups to the decayed counts of ``reprobe_value``. The pool's
+        counts already hold this fold's groups (``PoolState.observe`` runs first): a group's
+        own history is what came before it in the log — the prompt's groups less this fold's
+        from its occurrence on (``occurrence_rank``), so the counts do not depend on how a
+        step's groups were split into reports."""
+        o = obs.ordinals
+        rank = occurrence_rank(o)
+        later = _count_from(o, rank)  # this fold's groups of the prompt from this one on
+        before = pool.groups[o].astype(np.int64) - later
+        fail = obs.successes <= 1e-9
+        fails_here = _count_from(o, rank, fail)  # this fold's all-fail groups from this one on
+        fails_before = pool.failed_groups[o].astype(np.int64) - fails_here
+        cls = (before >= 2) & (fails_before == before)
+        inf = obs.informative.astype(np.float64)
+        step = int(obs.step.max())
+        if self.reprobe_step_ >= 0:
+            self.reprobe_ *= 0.5 ** (max(step - self.reprobe_step_, 0) / self.reprobe_halflife)
+        self.reprobe_step_ = max(self.reprobe_step_, step)
+        self.reprobe_ += (float(cls.sum()), float(inf[cls].sum()), float((~cls).sum()), float(inf[~cls].sum()))
+
+    def reprobe_value(self, prior_groups: float = 32.0) -> float:
+        """The informative rate of re-probes of never-passed prompts (2+ all-fail groups)
+        relative to every other group's, over the recent reports (half-life
+        ``reprobe_halflife`` steps), shrunk toward 1 by ``prior_groups`` pseudo-groups;
+        at most 1. 1 until re-probes have been seen: it discounts written-off prompts only
+        where re-probing them teaches less than the run's other picks do."""
+        c, ci, o, oi = self.reprobe_
+        if o <= 0 or oi <= 0:
+            return 1.0
+        rate = (ci + prior_groups * oi / o) / (c + prior_groups)
+        return float(min(1.0, rate / (oi / o)))
 
     def recent(self, pool: PoolState, since: int, until: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The prompts whose last group is at step ``since`` or later (and before ``until``),
@@ -213,6 +255,11 @@ class SkillTracker:
     ) -> np.ndarray:
         return self.model.sample(step=step, rng=rng, scale=scale, **self._prompts(pool, idx))
 
+    def sample_informative(
+        self, pool: PoolState, idx: np.ndarray, step: int, rng: np.random.Generator, n: float, scale=1.0
+    ) -> np.ndarray:
+        return self.model.sample_informative(step=step, rng=rng, n=n, scale=scale, **self._prompts(pool, idx))
+
     def expected_score(self, pool: PoolState, idx: np.ndarray, step: int, n: float, kind: str) -> np.ndarray:
         return self.model.expected_score(step=step, n=n, kind=kind, **self._prompts(pool, idx))
 
@@ -239,6 +286,15 @@ class SkillTracker:
                 "reused_excess": float(s[0] / s[1]) if s[1] > 0 else None,
                 "first_time_excess": float(s[2] / s[3]) if s[3] > 0 else None,
                 "halflife_steps": self.memo_halflife,
+            }
+        if self.reprobe_halflife:
+            c, ci, o, oi = self.reprobe_
+            out["reprobe_value"] = {
+                "value": self.reprobe_value(),
+                "reprobe_groups": float(c),
+                "reprobe_informative_rate": float(ci / c) if c > 0 else None,
+                "other_informative_rate": float(oi / o) if o > 0 else None,
+                "halflife_steps": self.reprobe_halflife,
             }
         tp = self.text_prior
         if tp is not None:
@@ -391,3 +447,19 @@ class ReplayTracker:
 
     def inspect(self) -> dict:
         return {"replay_buffer": len(self.buffer)}
+
+
+def _count_from(o: np.ndarray, rank: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Per entry of ``o`` (``rank``: its occurrence among equal ordinals, in order), how many
+    entries of the same ordinal from this one on are in ``mask`` (all of them when None)."""
+    m = np.ones(o.size, bool) if mask is None else np.asarray(mask, bool)
+    if not rank.size or int(rank.max()) == 0:
+        return m.astype(np.int64)
+    order = np.lexsort((-rank, o))  # per ordinal, the last occurrence first
+    cum = np.zeros(o.size, np.int64)
+    c = np.cumsum(m[order])
+    first = np.r_[True, o[order][1:] != o[order][:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(o.size), 0))
+    base = np.where(start > 0, c[start - 1], 0)
+    cum[order] = c - base
+    return cum
