@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .sim import _observations
 
 def main(argv: list[str] | None = None) -> dict:
     args = argv if argv is not None else sys.argv[1:]
-    P = int(args[0])
+    P = int(next(a for a in args if not a.startswith("--")))
     B = 1024
     out = {"prompts": P}
     arms = (
@@ -88,7 +89,7 @@ def _profile(s, pool, P: int, B: int, rng: np.random.Generator) -> tuple[dict, f
     shares: dict = {}
     for (path, first, fname), lines in stats.timings.items():
         total = sum(t for _, _, t in lines) or 1
-        src = dict(enumerate(open(path).read().splitlines(), 1))
+        src = dict(enumerate(Path(path).read_text().splitlines(), 1))
         key = "sample" if fname.endswith("sample") else "plan"
         shares[key] = {
             f"{ln}: {src.get(ln, '').strip()[:80]}": round(t / total, 3) for ln, _, t in lines if t / total >= 0.02

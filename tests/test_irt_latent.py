@@ -512,3 +512,24 @@ def test_reprobes_that_return_nothing_are_discounted_in_the_plan():
         assert int(((d.ordinals >= 100) & (d.ordinals < 200)).sum()) == 100
         picks[hl] = int((d.ordinals < 100).sum())
     assert picks[0.0] >= 3 and picks[50.0] < picks[0.0]
+
+
+def test_sample_informative_is_p_normal_times_the_informative_probability_of_the_draw():
+    """`latent_mean`'s score: at scale 0 the item-response draw is the logit's mean, and the
+    score is P(normal) × (1 − pⁿ − (1−p)ⁿ) at p = σ(mean logit); at scale 1 the same random
+    numbers as `sample`'s logit draw give the same p (the class not drawn)."""
+    m = _model()
+    for step in range(3):
+        _obs(m, np.arange(20), 8, np.r_[np.zeros(5), np.full(10, 4.0), np.full(5, 8.0)], step)
+    o = np.arange(25)  # 20..24 never seen
+    d, prior = np.zeros(25, np.int64), np.full(25, NAN)
+    x, _ = m.logit(o, d, prior, 3)
+    p = 1 / (1 + np.exp(-x))
+    qs, qv = m.latent_probs(o, d, 3)
+    got = m.sample_informative(o, d, prior, 3, np.random.default_rng(0), 8, scale=0.0)
+    assert got == pytest.approx((1 - qs - qv) * (1 - p**8 - (1 - p) ** 8), rel=1e-12)
+    assert got[:5].max() < got[5:15].min()  # the all-fail ones (P(stuck) high) below the mixed ones
+    full = m.sample_informative(o, d, prior, 3, np.random.default_rng(1), 8, scale=1.0)
+    x, v = m.logit(o, d, prior, 3)
+    pd = 1 / (1 + np.exp(-(x + np.sqrt(v) * np.random.default_rng(1).standard_normal(25))))
+    assert full == pytest.approx((1 - qs - qv) * (1 - pd**8 - (1 - pd) ** 8), rel=1e-12)

@@ -143,7 +143,9 @@ class SkillTracker:
         counts already hold this fold's groups (``PoolState.observe`` runs first): a group's
         own history is what came before it in the log — the prompt's groups less this fold's
         from its occurrence on (``occurrence_rank``), so the counts do not depend on how a
-        step's groups were split into reports."""
+        step's groups were split into reports. A prompt's earlier groups of the same step
+        count as its history too (a step's groups are in the log's canonical order, all-fail
+        ones first), and so do the later-step groups a late report comes after."""
         o = obs.ordinals
         rank = occurrence_rank(o)
         later = _count_from(o, rank)  # this fold's groups of the prompt from this one on
