@@ -73,8 +73,7 @@ def _profile(s, pool, P: int, B: int, rng: np.random.Generator) -> tuple[dict, f
     from ..service.scheduling.irt import SkillDifficultyModel
 
     lp = LineProfiler()
-    funcs = {"plan": strat.Frontier.plan, "sample": SkillDifficultyModel.sample}
-    for f in funcs.values():
+    for f in (strat.Frontier.plan, SkillDifficultyModel.sample):
         lp.add_function(f)
     fold = []
     for i in range(15):
@@ -87,7 +86,7 @@ def _profile(s, pool, P: int, B: int, rng: np.random.Generator) -> tuple[dict, f
         lp.runcall(s.plan, pool, req, strat.plan_rng("b", 116 + i, "default"))
     stats = lp.get_stats()
     shares: dict = {}
-    for (path, first, fname), lines in stats.timings.items():
+    for (path, _, fname), lines in stats.timings.items():
         total = sum(t for _, _, t in lines) or 1
         src = dict(enumerate(Path(path).read_text().splitlines(), 1))
         key = "sample" if fname.endswith("sample") else "plan"

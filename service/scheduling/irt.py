@@ -472,14 +472,19 @@ class SkillDifficultyModel:
         """A Thompson draw of the pass rate (with the latent class drawn first when on);
         ``scale`` (a number, or one per prompt) multiplies the logit's standard deviation (1: a
         posterior draw)."""
-        seen = self._seen_part(o, step)  # read once for both parts
-        x, v = self.logit(o, d, prior_logit, step, pred, seen)
-        p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
+        p, seen = self._draw(o, d, prior_logit, step, rng, pred, scale)
         if not self.latent:
             return p
         qs, qv = self.latent_probs(o, d, step, pred, seen)
-        u = rng.random(x.shape)
+        u = rng.random(p.shape)
         return np.where(u < qs, 0.0, np.where(u < qs + qv, 1.0, p))
+
+    def _draw(self, o, d, prior_logit, step, rng: np.random.Generator, pred, scale):
+        """The item-response pass rate at a draw of the logit, σ(x + scale·√v·ε), and the
+        seen part it read (for the latent classes)."""
+        seen = self._seen_part(o, step)  # read once for both parts
+        x, v = self.logit(o, d, prior_logit, step, pred, seen)
+        return _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape)), seen
 
     def sample_informative(
         self, o, d, prior_logit, step, rng: np.random.Generator, n, pred=None, scale: float | np.ndarray = 1.0
@@ -488,9 +493,7 @@ class SkillDifficultyModel:
         (``scale`` as in :meth:`sample`), times P(normal): the latent classes taken in
         expectation, not drawn (a prompt half likely stuck scores half, every plan, instead
         of all or nothing by a coin)."""
-        seen = self._seen_part(o, step)
-        x, v = self.logit(o, d, prior_logit, step, pred, seen)
-        p = _sigmoid(x + scale * np.sqrt(v) * rng.standard_normal(x.shape))
+        p, seen = self._draw(o, d, prior_logit, step, rng, pred, scale)
         f = 1.0 - p**n - (1.0 - p) ** n
         if not self.latent:
             return f

@@ -130,10 +130,7 @@ class SkillTracker:
         rs, ns = rs[both], ns[both]
         h = ns[:, 0] * ns[:, 1] / ns.sum(axis=1)
         diff = rs[:, 1] / ns[:, 1] - rs[:, 0] / ns[:, 0]
-        step = int(steps[both].max())
-        if self.memo_step_ >= 0:
-            self.memo_ *= 0.5 ** (max(step - self.memo_step_, 0) / self.memo_halflife)
-        self.memo_step_ = max(self.memo_step_, step)
+        self.memo_step_ = _decay(self.memo_, self.memo_step_, int(steps[both].max()), self.memo_halflife)
         tot_r, tot_n = rs.sum(axis=0), ns.sum(axis=0)
         self.memo_ += np.array([tot_r[1], tot_n[1], tot_r[0], tot_n[0], float(h @ diff), float(h.sum())])
         self.memo_weight_ += float(h.sum())
@@ -155,10 +152,7 @@ class SkillTracker:
         fails_before = pool.failed_groups[o].astype(np.int64) - fails_here
         cls = (before >= 2) & (fails_before == before)
         inf = obs.informative.astype(np.float64)
-        step = int(obs.step.max())
-        if self.reprobe_step_ >= 0:
-            self.reprobe_ *= 0.5 ** (max(step - self.reprobe_step_, 0) / self.reprobe_halflife)
-        self.reprobe_step_ = max(self.reprobe_step_, step)
+        self.reprobe_step_ = _decay(self.reprobe_, self.reprobe_step_, int(obs.step.max()), self.reprobe_halflife)
         self.reprobe_ += (float(cls.sum()), float(inf[cls].sum()), float((~cls).sum()), float(inf[~cls].sum()))
 
     def reprobe_value(self, prior_groups: float = 32.0) -> float:
@@ -449,6 +443,15 @@ class ReplayTracker:
 
     def inspect(self) -> dict:
         return {"replay_buffer": len(self.buffer)}
+
+
+def _decay(sums: np.ndarray, last: int, step: int, halflife: float) -> int:
+    """Decay ``sums`` in place from the latest step that added to them (``last``; −1: none)
+    to ``step`` with half-life ``halflife`` steps (an earlier step: no decay); returns the
+    new latest step."""
+    if last >= 0:
+        sums *= 0.5 ** (max(step - last, 0) / halflife)
+    return max(last, step)
 
 
 def _count_from(o: np.ndarray, rank: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
