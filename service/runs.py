@@ -32,6 +32,28 @@ def normalise_settings(body: schemas.RunIn) -> dict[str, Any]:
     }
 
 
+def attach_differences(stored: dict[str, Any], wanted: dict[str, Any], sent_params: set[str]) -> list[str]:
+    """What an attach's settings change in the run (empty: it may attach).
+
+    Every setting but the strategy is compared as stored. The strategy: its name, and each
+    parameter the client *sent*, against the value the run plans with: the stored one, or
+    for a parameter the run's version of Rollplan did not have, today's default (as the
+    run's state builds it). Parameters the client left out are not compared, so a trainer
+    that attaches with the body it created the run with still attaches after an upgrade
+    that added a parameter or changed a default; the run keeps the values it was created
+    with."""
+    diff = [k for k in wanted if k != "strategy" and wanted[k] != stored.get(k)]
+    have, want = stored["strategy"], wanted["strategy"]
+    if have["name"] != want["name"]:
+        return sorted([*diff, "strategy"])
+    try:
+        effective = strategy_spec(strat.build(have["name"], have["params"]))["params"]
+    except (KeyError, ValidationError):  # stored by a version whose parameters this one rejects
+        effective = have["params"]
+    diff += [f"strategy.params.{k}" for k in sorted(sent_params) if want["params"].get(k) != effective.get(k)]
+    return sorted(diff)
+
+
 def strategy_spec(strategy: strat.Strategy) -> dict[str, Any]:
     return {"name": strategy.name, "params": strategy.params.model_dump(mode="json")}
 
@@ -86,8 +108,8 @@ class Runs:
                 s.flush()
                 s.refresh(run)
                 return True, run
-            if creation_settings(run.settings) != wanted:
-                diff = sorted(k for k in wanted if wanted[k] != run.settings.get(k))
+            diff = attach_differences(creation_settings(run.settings), wanted, set(body.strategy.params))
+            if diff:
                 raise Conflict(
                     f"run {run_id!r} exists with different settings ({', '.join(diff)}); "
                     "use a new run id, or send the settings it was created with to attach "

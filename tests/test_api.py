@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,6 +55,44 @@ def test_put_run_create_attach_conflict(client):
                    "rollouts_per_prompt")
     assert_problem(client.put("/v1/runs/exp.1:a-b_c", json={**body, "strategy": {"name": "uniform"}}), 409, "strategy")
     assert client.get("/v1/runs/exp.1:a-b_c").json()["rollouts_per_prompt"] == 8
+
+
+def test_attach_after_an_upgrade_compares_only_the_params_sent(make_client, db_url):
+    """A run stored by an older version (a parameter it did not have, a default of its
+    time) is attached to with the body it was created with; a parameter the client sends
+    is compared with the value the run plans with, and differs -> 409 naming it."""
+    import sqlalchemy as sa
+
+    body = {"strategy": {"name": "default", "params": {"candidate_multiplier": 8}}, "rollouts_per_prompt": 4}
+    c = make_client()
+    assert c.put("/v1/runs/old", json=body).status_code == 201
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as conn:
+        settings = conn.execute(sa.text("SELECT settings FROM runs WHERE id = 'old'")).scalar_one()
+        settings = json.loads(settings) if isinstance(settings, str) else settings
+        params = settings["strategy"]["params"]
+        assert params["latent_mean"] is False and params["uniform_thompson"] == 4
+        del params["latent_mean"]  # added since
+        params["uniform_thompson"] = 2  # the default of its time
+        conn.execute(sa.text("UPDATE runs SET settings = :s WHERE id = 'old'"), {"s": json.dumps(settings)})
+    engine.dispose()
+
+    c2 = make_client()  # a fresh process of the new version
+    r = c2.put("/v1/runs/old", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["strategy"]["params"]["uniform_thompson"] == 2  # the run keeps what it was created with
+    # A sent parameter the old run lacks is compared with today's default, which the run uses.
+    sent = lambda **p: {**body, "strategy": {"name": "default", "params": {"candidate_multiplier": 8, **p}}}  # noqa: E731
+    assert c2.put("/v1/runs/old", json=sent(latent_mean=False)).status_code == 200
+    assert c2.put("/v1/runs/old", json=sent(uniform_thompson=2)).status_code == 200
+    assert_problem(c2.put("/v1/runs/old", json=sent(latent_mean=True)), 409, "strategy.params.latent_mean")
+    assert_problem(c2.put("/v1/runs/old", json=sent(uniform_thompson=4)), 409, "strategy.params.uniform_thompson")
+    assert_problem(c2.put("/v1/runs/old", json={**body, "strategy": {"name": "default", "params": {}}, "rollouts_per_prompt": 8}),
+                   409, "rollouts_per_prompt")
+    # The run plans with its stored values and today's defaults for the rest.
+    prompts = [{"id": f"p{i}", "domain": "d"} for i in range(8)]
+    assert c2.post("/v1/runs/old/prompts", json={"prompts": prompts}).status_code in (200, 201)
+    assert len(c2.post("/v1/runs/old/plans", json={"batch_size": 4}).json()["items"]) == 4
 
 
 def test_put_run_omitted_strategy_is_default(client):
