@@ -197,6 +197,7 @@ class Reports:
             # Recorded with the rows (export, inspection): steps the run's reports had
             # moved past this one's at commit. The fold decides its own down-weight.
             staleness = 0 if reported_step is None else max(0, int(reported_step) - body.step)
+            self.store.speculate(state, event)  # the fold's work, beside the write
             repo.insert_report(
                 s, run, event, body.report_id, g.body_hash, body.plan_id, staleness, g.texts, bool(step_known)
             )

@@ -128,7 +128,7 @@ class StateStore:
         # Called with every state brought up to date (the predictor's hook).
         self.on_state: Callable[[RunState, Run], None] | None = None
         # The background warmer of read views (``warm``): one daemon thread, started on use.
-        self._warm_queue: queue.SimpleQueue[RunState] = queue.SimpleQueue()
+        self._warm_queue: queue.SimpleQueue[RunState | tuple[RunState, ReportEvent]] = queue.SimpleQueue()
         self._warm_queued: dict[int, RunState] = {}
         self._warmer: threading.Thread | None = None
 
@@ -183,14 +183,34 @@ class StateStore:
             if id(state) in self._warm_queued:
                 return
             self._warm_queued[id(state)] = state
+        self._ensure_warmer()
+        self._warm_queue.put(state)
+
+    def speculate(self, state: RunState, event: ReportEvent) -> None:
+        """Ask the warmer to do ``warm``'s work for a report before it commits
+        (``RunState.speculate``), while the report's request writes its rows: a plan right
+        after the report then finds its view and decision ready. Nothing waits for it; the
+        report's fold (``advance``) comes after it, under the state's lock."""
+        self._ensure_warmer()
+        self._warm_queue.put((state, event))
+
+    def _ensure_warmer(self) -> None:
+        with self._lock:
             if self._warmer is None or not self._warmer.is_alive():
                 self._warmer = threading.Thread(target=self._warm_loop, name="rollplan-warm", daemon=True)
                 self._warmer.start()
-        self._warm_queue.put(state)
 
     def _warm_loop(self) -> None:
         while True:
-            state = self._warm_queue.get()
+            item = self._warm_queue.get()
+            if isinstance(item, tuple):  # a report about to commit: at once, it races the write
+                state, event = item
+                try:
+                    state.speculate(event)
+                except Exception:  # a cache only, as below
+                    log.exception("warming the read view of run %s ahead of a report failed", state.run_id)
+                continue
+            state = item
             # The request that asked has its response to send: let it have the interpreter
             # first (this thread would otherwise take it at once, on that request's path).
             time.sleep(WARM_DELAY_S)

@@ -137,11 +137,16 @@ class _Run:
                                           self.rng.uniform(0.1, 0.9, n), np.full(n, np.nan)))
 
     def report(self, step: int, g: int) -> None:
+        self.event(self.report_event(step, g))
+
+    def report_event(self, step: int, g: int):
+        """A report of ``g`` groups at ``step``, made at the log position it is given."""
         r = self.rng
         o = r.choice(self.size, g).astype(np.int64)  # with repeats
         n = r.integers(1, 9, g).astype(np.int64)
         k = r.binomial(n, r.random(g)).astype(float)
-        self.event(lambda s: ReportEvent(s, step, o, n, k, (k > 0) & (k < n), r.random(g)))
+        adv = r.random(g)
+        return lambda s: ReportEvent(s, step, o, n, k, (k > 0) & (k < n), adv)
 
     def plan(self) -> None:
         self.event(lambda s: SealEvent(s, self.step))
@@ -405,3 +410,88 @@ def test_the_store_decides_ahead_only_when_asked():
             run.report(t, 10)
             st.warm()
         assert (st._ahead is not None) is on
+
+
+@pytest.mark.parametrize("name", sorted(strat.REGISTRY))
+def test_a_report_speculated_before_it_commits(name):
+    """``speculate`` (the store's warmer, while a report's rows are written): the view with the
+    report and the next plan decided on it, before the report is folded. When that report is
+    the next event, the view and the decision are ready the moment it is folded (nothing
+    left for the plan's path) and are the definition's: the plan is the one a state that
+    never warmed decides. A read before it commits sees the state without it; a report that
+    never commits (another event takes its log position) leaves nothing of itself behind."""
+    run = _Run(name, 5)
+    st = run.looked
+    st.plan_ahead = True
+    run.prompts(300)
+    hits, ready = [], []
+    for t in range(12):
+        run.step = t
+        run.plan()
+        req = strat.PlanRequest(16, 64, 1, 8, t)
+        rng = lambda t=t: strat.plan_rng(st.run_id, t, st.strategy.name)  # noqa: E731
+        with st.read() as view:
+            ahead = st.decided_ahead(req)
+            mine = ahead[0] if ahead is not None else st.strategy.plan(view, req, rng())
+            st.last_request = req
+        with run.plain.read() as view:
+            ref = run.plain.strategy.plan(view, req, rng())
+        assert _same_decision(mine, ref), f"step {t}: the plan decided ahead differs"
+        if ahead is not None:
+            hits.append(t)
+        e = run.report_event(t, int(run.rng.integers(8, 40)))(run.seq + 1)
+        # Not at step 0 (no view was read yet) nor 10 (one report after step 9's two: the
+        # step does not look complete, as for ``warm``).
+        assert st.speculate(e) == (t >= 1 and t != 10)
+        assert not st.speculate(e)  # once
+        if t == 4:
+            run.read()  # before the report commits: the view without it
+        if t == 6:
+            run.report(t, 12)  # the report did not commit; another took its log position
+            assert st._view is None and st._ahead is None
+            _check_read(st, t, name)
+        else:
+            run.event(lambda s: e)
+            if t not in (0, 4, 10):
+                ready.append(t)
+                assert st._view is not None and st._view[0] == st.seq and st._ahead[0] == st.seq
+            _check_read(st, t, name)
+        st.warm()
+        if t == 9:
+            e = run.report_event(t, 5)(run.seq + 1)
+            st.speculate(e)  # a late report of the step: speculated and folded
+            run.event(lambda s: e)
+    assert hits == list(range(2, 11)), hits
+    assert ready == [1, 2, 3, 5, 7, 8, 9, 11]
+    run.finish()
+
+
+def test_the_store_speculates_in_its_background_thread():
+    """``StateStore.speculate`` hands a report about to commit to the warmer, which leaves the
+    view at the report's log position; ``advance`` then folds it and the view stands."""
+    import time
+
+    from rollplan.service.store import StateStore
+
+    store = StateStore(1 << 30, plan_ahead=True)
+    run = _Run("default", 6)
+    run.prompts(200)
+    st = run.looked
+    st.plan_ahead = True
+    for t in range(3):
+        run.step = t
+        run.plan()
+        with st.read():
+            st.last_request = strat.PlanRequest(8, 32, 1, 8, t)
+        e = run.report_event(t, 20)(run.seq + 1)
+        store.speculate(st, e)
+        deadline = time.monotonic() + 10
+        while t >= 1 and (st._view is None or st._view[0] != e.seq) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        run.seq += 1
+        store.advance(st, e)
+        run.plain.apply(e)
+        if t >= 1:
+            assert st._view[0] == st.seq and st._ahead is not None and st._ahead[0] == st.seq
+        _check_read(st, t, "default")
+    run.finish()

@@ -33,6 +33,10 @@ step's reports also decides the next plan on it (``_decide_ahead``: the latest p
 request at step + 1, with the generator that plan uses); the plan takes that decision if it
 asks the same request and nothing but its own seal came since (``decided_ahead``) — its
 view is then the view the decision read, so the plan is the one it would decide itself.
+That work can start before the report commits (``speculate``: the warmer, while the
+report's rows are written): the view with the report's groups and the decision on it,
+tagged with the report's log position and kept by ``apply`` only if that same report is
+the next event — so a plan asked right after a report finds both ready.
 
 Reads that are not events (the API's estimates, the dashboard) see the state a
 plan would see now: the sealed state with the pending groups applied to a copy
@@ -122,6 +126,10 @@ class RunState:
     plan_ahead: bool = field(default=False, repr=False)
     last_request: strat.PlanRequest | None = field(default=None, repr=False)
     _ahead: tuple[int, strat.PlanRequest, strat.PlanDecision, float] | None = field(default=None, repr=False)
+    # A report whose fold ``speculate`` did before it committed: the view (tagged with its log
+    # position) and the decision ahead hold it; ``apply`` keeps them only if it is the event
+    # that comes next.
+    _speculated: ReportEvent | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.strategy = strat.build(self.spec["name"], self.spec["params"])
@@ -157,6 +165,14 @@ class RunState:
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == self.seq and isinstance(event, SealEvent) and event.step is not None:
             self._ahead = (event.seq, *ahead[1:])
+        # What ``speculate`` did for this event (the view and the decision at its position)
+        # stands if it is this very event; for any other event at that position, it goes.
+        guess, self._speculated = self._speculated, None
+        if guess is not None and guess is event:
+            if ahead is not None and ahead[0] == event.seq:
+                self._ahead = ahead
+        elif self._view is not None and self._view[0] == event.seq:
+            self._view = None
         if isinstance(event, ReportEvent):
             self._hold(event)
         elif isinstance(event, SealEvent) and event.step is not None:
@@ -189,19 +205,22 @@ class RunState:
         if e.texts is not None or e.embeddings is not None:
             self._pool.set_text(e.ordinals, e.texts, e.embeddings)
 
-    def _hold(self, e: ReportEvent) -> None:
+    def _held(self, e: ReportEvent) -> Observations:
+        """The report's groups as ``_hold`` queues them (staleness against the state now)."""
         lo, hi = self.reward_range
         n = e.n.astype(np.int64)
         k = np.clip((e.reward_sum - n * lo) / (hi - lo), 0.0, n.astype(np.float64))
         g = n.size
         stale = max(0, self.reported_step - e.step)
-        self.reported_step = max(self.reported_step, e.step)
-        self.pending.append(
-            Observations(
-                e.ordinals, n, k, np.full(g, e.step, np.int64), e.informative, e.abs_adv, np.full(g, stale), e.cost
-            )
+        return Observations(
+            e.ordinals, n, k, np.full(g, e.step, np.int64), e.informative, e.abs_adv, np.full(g, stale), e.cost
         )
-        self.pending_groups += g
+
+    def _hold(self, e: ReportEvent) -> None:
+        held = self._held(e)
+        self.reported_step = max(self.reported_step, e.step)
+        self.pending.append(held)
+        self.pending_groups += len(held)
         if self.pending_groups >= PENDING_MAX_GROUPS:
             self.seal()
 
@@ -268,35 +287,65 @@ class RunState:
         did anything."""
         with self.lock:
             paid = self._pay()  # a plan's deferred seal (``seal``), off the plan's path
-            if not self.pending or self.on_step is not None or self._shadow is None:
-                return paid  # (no view was ever read: no plan to spare, e.g. reports only)
-            steps = [int(o.step[0]) for o in self.pending]  # one step per report held
-            last = max(steps)
-            before = steps.count(last - 1)
-            if before == 0 or steps.count(last) < before:
+            if not self._warmable(self.pending):
                 return paid
             if self._view is None or self._view[0] != self.seq:
                 self._view = (self.seq, self._refresh_shadow())
-            self._decide_ahead()
+            self._decide_ahead(self.seq, self._view[1])
             return True
 
-    def _decide_ahead(self) -> None:
-        """With ``plan_ahead``, decide the next plan now (the caller holds the lock and the
-        view is current): the latest plan's request at its step + 1, on the view that plan
-        will read, with the generator it will use (``plan_rng``: run, step, strategy). The
-        plan takes the decision if its request is that one and nothing but its own seal came
-        since (``decided_ahead``), so its plan is the one it would have decided itself."""
+    def _warmable(self, pending: list[Observations]) -> bool:
+        """Whether ``warm`` brings the view up to date with these groups pending: there are
+        some, a view was read before (a plan to spare; not for reports only), and the latest
+        reported step looks complete — it has at least as many reports pending as the step
+        before it (a trainer with k reporters sends k a step)."""
+        if not pending or self.on_step is not None or self._shadow is None:
+            return False
+        steps = [int(o.step[0]) for o in pending]  # one step per report held
+        last = max(steps)
+        before = steps.count(last - 1)
+        return before > 0 and steps.count(last) >= before
+
+    def speculate(self, event: ReportEvent) -> bool:
+        """``warm``'s work for a report that is about to commit at the next log position,
+        done before it commits (the store's warmer, while the report's rows are written):
+        the view with its groups and the next plan decided on it, tagged with the event.
+        ``apply`` keeps both when this same event is the next one folded, so a plan right
+        after the report finds them ready; any other event at that position discards them
+        (the shadow itself is refreshed as ``_refresh_shadow`` always does, by comparing
+        the updates it holds). The state is not changed: nothing here is folded. Returns
+        whether it did the work."""
+        with self.lock:
+            if self.seq != event.seq - 1 or self._speculated is not None:
+                return False
+            self._pay()
+            pending = [*self.pending, self._held(event)]
+            if self.pending_groups + event.n.size >= PENDING_MAX_GROUPS or not self._warmable(pending):
+                return False  # (the event would seal: nothing to warm)
+            self._view = None  # the shadow is about to hold a report that is not folded yet
+            self._speculated = event
+            shadow = self._refresh_shadow(pending)
+            self._view = (event.seq, shadow)
+            self._decide_ahead(event.seq, shadow)
+            return True
+
+    def _decide_ahead(self, at: int, view: PoolState) -> None:
+        """With ``plan_ahead``, decide the next plan now (the caller holds the lock; ``view``
+        is the view at log position ``at``): the latest plan's request at its step + 1, on the
+        view that plan will read, with the generator it will use (``plan_rng``: run, step,
+        strategy). The plan takes the decision if its request is that one and nothing but its
+        own seal came since (``decided_ahead``), so its plan is the one it would have decided
+        itself."""
         req = self.last_request
-        if not self.plan_ahead or req is None or (self._ahead is not None and self._ahead[0] == self.seq):
+        if not self.plan_ahead or req is None or (self._ahead is not None and self._ahead[0] == at):
             return
         nxt = dataclasses.replace(req, step=req.step + 1)
-        with self.read() as pool:
-            t0 = time.perf_counter()
-            d = self.strategy.plan(pool, nxt, strat.plan_rng(self.run_id, nxt.step, self.strategy.name))
-            took = time.perf_counter() - t0
-        # Copies: nothing of the view's buffers is held past the ``read``.
+        t0 = time.perf_counter()
+        d = self.strategy.plan(view, nxt, strat.plan_rng(self.run_id, nxt.step, self.strategy.name))
+        took = time.perf_counter() - t0
+        # Copies: nothing of the view's buffers is held past the next read.
         d = strat.PlanDecision(np.array(d.ordinals), np.array(d.rollouts), np.array(d.predicted_pass_rate))
-        self._ahead = (self.seq, nxt, d, took)
+        self._ahead = (at, nxt, d, took)
 
     def decided_ahead(self, req: strat.PlanRequest) -> tuple[strat.PlanDecision, float] | None:
         """The decision ``warm`` made ahead for the plan being made now, if it asked ``req``
@@ -307,11 +356,13 @@ class RunState:
             return None
         return ahead[2], ahead[3]
 
-    def _refresh_shadow(self) -> PoolState:
-        """The shadow made equal to ``deepcopy(pool)`` with the pending groups sealed into
-        it (and the predictor's inbox taken first): by applying only the per-step updates
-        it lacks when it is the pool plus a prefix of them, else by a refresh in place."""
-        steps = _steps(self.pending) if self.pending else []
+    def _refresh_shadow(self, pending: list[Observations] | None = None) -> PoolState:
+        """The shadow made equal to ``deepcopy(pool)`` with the pending groups (``pending``:
+        these instead) sealed into it (and the predictor's inbox taken first): by applying only
+        the per-step updates it lacks when it is the pool plus a prefix of them, else by a
+        refresh in place."""
+        pending = self.pending if pending is None else pending
+        steps = _steps(pending) if pending else []
         shadow, ahead = self._shadow, self._pool_ahead
         # Until this succeeds the shadow is not known to be anything: a failure part-way
         # leaves the next read to refresh it in full.
