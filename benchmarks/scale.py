@@ -20,6 +20,11 @@ Two parts, side by side in one run:
   measured in the same run, one ``numpy.argpartition`` of the batch over the pool (the best of
   25: a minimum, not a median, on a shared machine).
 
+``--py-spy DIR`` records the server with py-spy (``pip install py-spy``; sampling, 1 kHz, raw
+stacks) during the timed steps, one file per server in DIR, and puts a summary in each row:
+the share of the server's samples under each part of the plan and report paths
+(``spy_summary``).
+
 ``--old PATH`` runs every server measurement a second time from another source tree (a
 ``git worktree`` of an earlier commit), alternating with this one, ``--rounds`` times:
 rows carry ``code`` (``new`` / ``old``) and ``round``, each with the floor measured next
@@ -32,10 +37,14 @@ against pool size) to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import platform
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,7 +111,46 @@ def _body(lo: int, hi: int) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def run_pool(url, pool: int, steps: int, strategy: str) -> dict:
+# The parts of the plan and report paths a ``--py-spy`` summary gives the share of (a sample
+# counts for every part on its stack).
+SPY_PARTS = (
+    "create_plan", "Planner.plan", "PlanJSON.to_json", "report_results", "insert_report", "StateStore._warm_loop",
+    "RunState.warm", "RunState.speculate", "RunState._refresh_shadow", "RunState._decide_ahead", "RunState._pay",
+)
+
+
+def spy_summary(raw: Path) -> dict:
+    """Shares of a py-spy ``--format raw`` recording's samples under each of ``SPY_PARTS``."""
+    counts = dict.fromkeys(SPY_PARTS, 0)
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        names = {f.split(" (", 1)[0] for f in stack.split(";")}
+        for part in SPY_PARTS:
+            if part in names:
+                counts[part] += int(n)
+    return {"samples": total, "share": {k: round(v / max(total, 1), 4) for k, v in counts.items()}}
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, raw: Path | None):
+    """py-spy recording ``pid`` while the block runs (nothing when ``raw`` is None)."""
+    if raw is None:
+        yield
+        return
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # (a venv's, not on PATH)
+    proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "1000", "--format", "raw",
+                             "--nonblocking", "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the first timed request
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def run_pool(url, pool: int, steps: int, strategy: str, spy: Path | None = None) -> dict:
     pid = url.pid
     run = f"scale-{pool}"
     rng = np.random.default_rng(7)
@@ -123,18 +171,21 @@ def run_pool(url, pool: int, steps: int, strategy: str) -> dict:
         res["register_prompts_per_s"] = pool / busy
         res["rss_registered_mb"] = rss_mb(pid)
         plan_s, report_s = [], []
-        for step in range(steps):
-            t = time.perf_counter()
-            r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": BATCH, "step": step})
-            plan_s.append(time.perf_counter() - t)
-            assert r.status_code == 201, r.text
-            items = r.json()["items"]
-            groups = [{"prompt_id": it["prompt_id"], "rewards": rng.integers(0, 2, ROLLOUTS).tolist()}
-                      for it in items]
-            t = time.perf_counter()
-            r = c.post(f"/v1/runs/{run}/results", json={"report_id": f"s{step}", "step": step, "results": groups})
-            report_s.append(time.perf_counter() - t)
-            assert r.status_code == 200, r.text
+        with py_spy(pid, spy):
+            for step in range(steps):
+                t = time.perf_counter()
+                r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": BATCH, "step": step})
+                plan_s.append(time.perf_counter() - t)
+                assert r.status_code == 201, r.text
+                items = r.json()["items"]
+                groups = [{"prompt_id": it["prompt_id"], "rewards": rng.integers(0, 2, ROLLOUTS).tolist()}
+                          for it in items]
+                t = time.perf_counter()
+                r = c.post(f"/v1/runs/{run}/results", json={"report_id": f"s{step}", "step": step, "results": groups})
+                report_s.append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text
+        if spy is not None:
+            res["py_spy"] = {"file": str(spy), **spy_summary(spy)}
         t = time.perf_counter()
         r = c.post(f"/v1/runs/{run}/plans", json={"batch_size": BATCH, "step": steps - 1})
         res["stored_plan_s"] = time.perf_counter() - t
@@ -203,7 +254,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-trace", action="store_true", help="state part without tracemalloc (faster)")
     ap.add_argument("--old", default=None, help="also run the servers from this source tree (e.g. a git worktree)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat each server measurement (new, old) N times")
+    ap.add_argument("--py-spy", default=None, help="record each server with py-spy during the timed steps, into "
+                    "this folder (needs py-spy); a summary goes in each row")
     a = ap.parse_args(argv)
+    spy_dir = Path(a.py_spy) if a.py_spy else None
+    if spy_dir is not None:
+        spy_dir.mkdir(parents=True, exist_ok=True)
     pools = [int(x) for x in (a.pools or ("20000,100000" if a.smoke else "1000000,10000000")).split(",")]
     steps = a.steps or (3 if a.smoke else 9)
     from rollplan.service.scheduling.strategies import REGISTRY
@@ -230,14 +286,15 @@ def main(argv: list[str] | None = None) -> dict:
                 for variant, code in variants:
                     if a.old:
                         print(f"  code {variant}, round {rnd}", flush=True)
+                    spy = None if spy_dir is None else spy_dir / f"{db}-{pool}-{variant}-{rnd}.txt"
                     with tempfile.TemporaryDirectory() as tmp:
                         workdir = Path(tmp)
                         if db == "sqlite":
                             with server(f"sqlite:///{workdir / 'scale.db'}", workdir, code=code) as url:
-                                row = run_pool(url, pool, steps, a.strategy)
+                                row = run_pool(url, pool, steps, a.strategy, spy)
                         else:
                             with pg_database() as pg, server(pg, workdir, code=code) as url:
-                                row = run_pool(url, pool, steps, a.strategy)
+                                row = run_pool(url, pool, steps, a.strategy, spy)
                     rows.append({**row, "code": variant, "round": rnd})
                     res["server"][db] = rows
                     (out / "scale.json").write_text(json.dumps(res, indent=1))

@@ -377,3 +377,22 @@ def test_speed_latency_plot_is_written(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     plot_latency({"plans": []}, tmp_path / "none.png")  # nothing measured: no file, no error
     assert not (tmp_path / "none.png").exists()
+
+
+def test_scale_spy_summary_counts_each_part_once_per_sample(tmp_path):
+    """``bench scale --py-spy``'s summary: the share of samples with each part on the stack."""
+    from rollplan.benchmarks.scale import spy_summary
+
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "main (cli.py:1);create_plan (plans.py:9);Planner.plan (plans.py:20);PlanJSON.to_json (plans.py:75) 3\n"
+        "Thread.run (threading.py:1);StateStore._warm_loop (store.py:3);RunState.speculate (state.py:5);"
+        "RunState._decide_ahead (state.py:7);RunState._decide_ahead (state.py:8) 5\n"
+        "main (cli.py:1);report_results (reports.py:1) 2\n"
+    )
+    s = spy_summary(raw)
+    assert s["samples"] == 10
+    share = s["share"]
+    assert share["create_plan"] == share["Planner.plan"] == share["PlanJSON.to_json"] == 0.3
+    assert share["RunState.speculate"] == share["RunState._decide_ahead"] == share["StateStore._warm_loop"] == 0.5
+    assert share["report_results"] == 0.2 and share["insert_report"] == 0 and share["RunState.warm"] == 0
