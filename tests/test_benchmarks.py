@@ -396,3 +396,25 @@ def test_scale_spy_summary_counts_each_part_once_per_sample(tmp_path):
     assert share["create_plan"] == share["Planner.plan"] == share["PlanJSON.to_json"] == 0.3
     assert share["RunState.speculate"] == share["RunState._decide_ahead"] == share["StateStore._warm_loop"] == 0.5
     assert share["report_results"] == 0.2 and share["insert_report"] == 0 and share["RunState.warm"] == 0
+
+
+def test_unseen_rank_scores_every_never_seen_prompt_overall_and_within_a_domain():
+    """``UnseenRank.add_ranked`` (the learner's never-seen ρ, from the API's listing): ρ over
+    the prompts and the mean over domains of the ρ within each; fewer than 50 prompts, or a
+    constant prediction, is no checkpoint."""
+    import numpy as np
+
+    from rollplan.benchmarks.sim import UnseenRank
+
+    rng = np.random.default_rng(0)
+    dom = np.repeat([0, 1], 40)
+    true = np.r_[rng.uniform(0.0, 0.4, 40), rng.uniform(0.6, 1.0, 40)]
+    u = UnseenRank(0)
+    u.add_ranked(dom.astype(float), true, dom)  # the domain alone: ranks across, not within
+    u.add_ranked(true, true, dom)  # exact
+    u.add_ranked(np.full(80, 0.5), true, dom)  # constant: skipped
+    u.add_ranked(true[:40], true[:40], dom[:40])  # too few: skipped
+    assert len(u.rho) == 2 and len(u.rho_within) == 1  # the domain-only prediction has no within-domain spread
+    r = u.result()
+    assert 0.8 < u.rho[0] < 0.9 and u.rho[1] == 1.0
+    assert r["spearman_unseen"] == (u.rho[0] + 1.0) / 2 and r["spearman_unseen_within_domain"] == 1.0

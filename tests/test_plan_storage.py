@@ -235,3 +235,37 @@ def test_a_new_plan_on_postgresql_is_four_round_trips(client):
     )
     assert bad.status_code in (404, 422), bad.text
     assert client.get("/v1/runs/wire").json() == before
+
+
+def test_a_report_speculated_on_is_the_report_read_back_from_the_log(client):
+    """What ``RunState.speculate`` worked on before a report committed is kept when the
+    report is folded from the log instead of from the writer's own object (a request that
+    took the run's lock first): the event read back has the same values and dtypes, with
+    and without costs, on both databases."""
+    from rollplan.service.log.state import _same_report
+
+    store = _engine(client).store
+    seen = []
+    original = store.speculate
+
+    def record(state, event):
+        seen.append(event)
+        original(state, event)
+
+    store.speculate = record
+    _run(client, "spec")
+    rng = np.random.default_rng(0)
+    for t in range(3):
+        items = client.post("/v1/runs/spec/plans", json={"batch_size": 8, "step": t}).json()["items"]
+        results = [{"prompt_id": it["prompt_id"], "rewards": rng.uniform(0, 1, it["rollouts"]).round(3).tolist(),
+                    **({"tokens": rng.integers(1, 50, it["rollouts"]).tolist()} if t == 2 else {})}
+                   for it in items]
+        client.post("/v1/runs/spec/results", json={"report_id": f"r{t}", "step": t, "results": results}
+                    ).raise_for_status()
+    assert len(seen) == 3 and seen[2].cost is not None and seen[0].cost is None
+    with _engine(client).sessions() as s:
+        pk = s.scalar(select(Run.pk).where(Run.id == "spec"))
+        for e in seen:
+            (back,) = repo.load_events(s, pk, e.seq - 1, e.seq)
+            assert back is not e and _same_report(e, back), (e, back)
+            assert not _same_report(e, type(e)(**{**e.__dict__, "reward_sum": e.reward_sum + 1.0}))

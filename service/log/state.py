@@ -36,7 +36,7 @@ view is then the view the decision read, so the plan is the one it would decide 
 That work can start before the report commits (``speculate``: the warmer, while the
 report's rows are written): the view with the report's groups and the decision on it,
 tagged with the report's log position and kept by ``apply`` only if that same report is
-the next event — so a plan asked right after a report finds both ready.
+the next event (the writer's own object, or the same report read back from the log) — so a plan asked right after a report finds both ready.
 
 Reads that are not events (the API's estimates, the dashboard) see the state a
 plan would see now: the sealed state with the pending groups applied to a copy
@@ -166,9 +166,10 @@ class RunState:
         if ahead is not None and ahead[0] == self.seq and isinstance(event, SealEvent) and event.step is not None:
             self._ahead = (event.seq, *ahead[1:])
         # What ``speculate`` did for this event (the view and the decision at its position)
-        # stands if it is this very event; for any other event at that position, it goes.
+        # stands if it is this event (the same report, whether the writer's own object or read
+        # back from the log by a request that came first); for any other event there, it goes.
         guess, self._speculated = self._speculated, None
-        if guess is not None and guess is event:
+        if guess is not None and _same_report(guess, event):
             if ahead is not None and ahead[0] == event.seq:
                 self._ahead = ahead
         elif self._view is not None and self._view[0] == event.seq:
@@ -463,6 +464,22 @@ def _steps(pending: list[Observations]) -> list[Observations]:
             part["cost"] = cost_or_none(part["cost"])
         out.append(Observations(**part))
     return out
+
+
+def _same_report(a: ReportEvent, b: Event) -> bool:
+    """``b`` is report ``a``: the same log position, step and groups (values and dtypes)."""
+    if a is b:
+        return True
+    if not isinstance(b, ReportEvent) or (a.seq, a.step) != (b.seq, b.step):
+        return False
+    for f in ("ordinals", "n", "reward_sum", "informative", "abs_adv", "cost"):
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None or y is None:
+            if x is not y:
+                return False
+        elif x.dtype != y.dtype or not np.array_equal(x, y):
+            return False
+    return True
 
 
 def _same_obs(a: Observations, b: Observations) -> bool:
