@@ -614,6 +614,7 @@ class ClientPlanner:
         max_new_tokens: int | None = None,
     ) -> None:
         self.rp, self.run_id, self.index, self.reporters = rp, run_id, world.index, reporters
+        self.url = str(rp.base_url)
         self.token_budget, self.max_new_tokens = token_budget, max_new_tokens
         self.pending: dict[int, StepPlan] = {}
         self.reports = 0
@@ -781,6 +782,26 @@ def strategy_state_row(url: str, run_id: str, key: str) -> dict | None:
     return (r.json().get("strategy_state") or {}).get(key)
 
 
+def unseen_predictions(url: str, run_id: str) -> tuple[list[str], np.ndarray]:
+    """The run's never-seen prompts (no group reported) and their predicted pass rates, as
+    the API lists them (``GET /v1/runs/{run}/prompts?state=unseen``, every page)."""
+    import httpx
+
+    ids: list[str] = []
+    pred: list[float] = []
+    params: dict = {"state": "unseen", "limit": 1000}
+    with httpx.Client(base_url=url, timeout=300) as c:
+        while True:
+            r = c.get(f"/v1/runs/{run_id}/prompts", params=params)
+            r.raise_for_status()
+            body = r.json()
+            ids += [it["id"] for it in body["items"]]
+            pred += [it["predicted_pass_rate"] for it in body["items"]]
+            if not body.get("next_cursor"):
+                return ids, np.asarray(pred, np.float64)
+            params["cursor"] = body["next_cursor"]
+
+
 def memorisation_row(url: str, run_id: str) -> dict | None:
     """The run's memorisation estimate at the end (None for a strategy that keeps none)."""
     return strategy_state_row(url, run_id, "memorisation")
@@ -921,6 +942,14 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         return model.pass_rate(world.pool.prompt[t], world.pool.label[t])
 
     memo_curve: list = []  # (step, the strategy's memorisation estimate), twelve times a run
+    # How the service ranks the prompts never rolled out (all of them, not its picks: those
+    # are a range-restricted sample), 23 times a run (every 1/24 of it): Spearman's ρ of its
+    # predicted pass rates against the exact ones, over every never-seen prompt and within a
+    # level (the mean over levels) — what the level alone cannot tell; and over the
+    # correctly labelled ones only (a wrong label's pass rate is an impossible answer's, near 0
+    # for any policy: nothing in its text tells it). A checkpoint needs 50 such prompts.
+    unseen, unseen_labelled = sim.UnseenRank(seed), sim.UnseenRank(seed)
+    every_24th = max(cfg.steps // 24, 1)
     embeds_sent = 0  # embeddings sent again by the policy of the time (embed_every)
     for step in range(cfg.steps):
         true_now = None  # the exact pass rates of this step's prompts, once computed
@@ -994,6 +1023,15 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         else:
             ts = time.perf_counter()
             planner.settle()  # the reports of step − 1 are stored before any later plan is made
+            if step > 0 and step % every_24th == 0:
+                ids, pred = unseen_predictions(planner.url, run_id)
+                if ids:
+                    model.eval()
+                    o = np.array([world.index[i] for i in ids], np.int64)
+                    true_o = np.asarray(exact(o))
+                    unseen.add_ranked(pred, true_o, level[o], step)
+                    ok = ~np.asarray(world.pool.broken)[o]
+                    unseen_labelled.add_ranked(pred[ok], true_o[ok], level[o][ok], step)
             if cur is None:  # step 0, or no prefetch: plan this step now
                 cur = planner.plan(step, B, budget)
             if cfg.prefetch and step + 1 < cfg.steps:
@@ -1107,6 +1145,11 @@ def _loop(cfg, arm, seed, model, opt, world, gen, device, planner, rp, run_id) -
         "share_groups_true_below_0.02": float(bins[0] / n_bins),
         "share_groups_true_above_0.98": float(bins[2] / n_bins),
         **calib.result(),
+        **unseen.result(),
+        **{k.replace("unseen", "unseen_labelled"): v for k, v in unseen_labelled.result().items()},
+        # The same while at least a tenth of the pool is never seen.
+        "spearman_unseen_10pct": unseen.mean_while(cfg.prompts // 10),
+        "spearman_unseen_labelled_10pct": unseen_labelled.mean_while(cfg.prompts // 10),
         "effective_per_step": [i / max(u, 1) for u, i in zip(used_per_step, inf_per_step)],
         # Per step, a fingerprint of the prompts and counts rolled out (DAPO: its draws, comma-joined).
         "plan_digests": digests,

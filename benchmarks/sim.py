@@ -326,37 +326,63 @@ class UnseenRank:
     checkpoints past the first tenth of the run: Spearman's ρ between its predicted pass
     rate and the exact one, over up to 2,000 never-seen prompts (not ones it picked: its
     picks are a range-restricted sample), overall and within a domain (the mean over
-    domains; what the domain mean cannot know), averaged over checkpoints."""
+    domains; what the domain mean cannot know), averaged over checkpoints; where the world's
+    text tells part of the difficulty, beside it the same ρ of the most any model of the
+    text could know (the ceiling). The learner ranks every never-seen prompt the API lists
+    (``add_ranked``)."""
 
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed + 77)
         self.rho: list[float] = []
         self.rho_within: list[float] = []
+        self.curve: list[list] = []  # [step, never-seen prompts ranked, ρ] per checkpoint
+        # On a world whose text tells part of the difficulty: the ρ of what the text tells at
+        # best (``Learner.text_pass_rate``: the exact skill, the told part, the rest averaged),
+        # on the same prompts — the ceiling of any model of the text.
+        self.ceiling: list[float] = []
 
     def add(self, strategy, pool: PoolState, learner: Learner, step: int) -> None:
-        from scipy.stats import spearmanr
-
         unseen = np.flatnonzero(pool.groups == 0)
         if unseen.size < 50:
             return
         idx = np.sort(self.rng.choice(unseen, min(2_000, unseen.size), replace=False))
-        pred = strategy.predict(pool, idx, step)
         true = learner.pass_rate(idx)
-        if np.ptp(pred) <= 0 or np.ptp(true) <= 0:
+        self.add_ranked(strategy.predict(pool, idx, step), true, learner.domain[idx], step)
+        if learner.told is not None and np.ptp(true) > 0:  # the same prompts as the text oracle ranks them
+            from scipy.stats import spearmanr
+
+            self.ceiling.append(float(spearmanr(learner.text_pass_rate(idx), true).statistic))
+
+    def add_ranked(self, pred: np.ndarray, true: np.ndarray, domain: np.ndarray, step: int | None = None) -> None:
+        """One checkpoint: never-seen prompts' predicted and exact pass rates and domains
+        (at least 50 prompts; a sample of them, as ``add`` takes, for larger pools)."""
+        from scipy.stats import spearmanr
+
+        if pred.size < 50 or np.ptp(pred) <= 0 or np.ptp(true) <= 0:
             return
         self.rho.append(float(spearmanr(pred, true).statistic))
+        self.curve.append([step, int(pred.size), self.rho[-1]])
         within = []
-        for d in np.unique(learner.domain[idx]).tolist():  # over domains, not prompts
-            m = learner.domain[idx] == d
+        for d in np.unique(domain).tolist():  # over domains, not prompts
+            m = domain == d
             if m.sum() >= 20 and np.ptp(pred[m]) > 0 and np.ptp(true[m]) > 0:
                 within.append(float(spearmanr(pred[m], true[m]).statistic))
         if within:
             self.rho_within.append(float(np.mean(within)))
 
+    def mean_while(self, at_least: int) -> float | None:
+        """The mean ρ over the checkpoints that ranked at least ``at_least`` never-seen
+        prompts (while there are many to choose among; late in a small pool what is left
+        never seen is what the arm wrote off, e.g. prompts it rightly held solved)."""
+        rho = [r for _, n, r in self.curve if n >= at_least]
+        return float(np.mean(rho)) if rho else None
+
     def result(self) -> dict:
         return {
             "spearman_unseen": float(np.mean(self.rho)) if self.rho else None,
             "spearman_unseen_within_domain": float(np.mean(self.rho_within)) if self.rho_within else None,
+            "spearman_unseen_curve": self.curve,
+            "spearman_unseen_text_ceiling": float(np.mean(self.ceiling)) if self.ceiling else None,
         }
 
 

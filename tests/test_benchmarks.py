@@ -418,3 +418,7 @@ def test_unseen_rank_scores_every_never_seen_prompt_overall_and_within_a_domain(
     r = u.result()
     assert 0.8 < u.rho[0] < 0.9 and u.rho[1] == 1.0
     assert r["spearman_unseen"] == (u.rho[0] + 1.0) / 2 and r["spearman_unseen_within_domain"] == 1.0
+    assert [n for _, n, _ in r["spearman_unseen_curve"]] == [80, 80]
+    u.add_ranked(true[:60] * 0 + np.arange(60), true[:60], dom[:60], step=9)  # 60 prompts, ρ 1 (sorted)
+    assert u.curve[-1][:2] == [9, 60] and u.mean_while(70) == (u.rho[0] + 1.0) / 2
+    assert u.mean_while(60) == np.mean(u.rho) and u.mean_while(100) is None
