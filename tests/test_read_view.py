@@ -344,6 +344,31 @@ def _same_decision(a: strat.PlanDecision, b: strat.PlanDecision) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("ordinals", "rollouts", "predicted_pass_rate"))
 
 
+def _ahead_run(name: str, seed: int) -> _Run:
+    """A run of 300 prompts whose looked-at state decides plans ahead."""
+    run = _Run(name, seed)
+    run.looked.plan_ahead = True
+    run.prompts(300)
+    return run
+
+
+def _plan_at(run: _Run, req: strat.PlanRequest) -> bool:
+    """The plan of ``req`` on the state that warms (the decision made ahead when there is one
+    for it, else decided now) against the one the state that never warmed decides; returns
+    whether it was decided ahead (taken once)."""
+    st = run.looked
+    rng = lambda: strat.plan_rng(st.run_id, req.step, st.strategy.name)  # noqa: E731
+    with st.read() as view:
+        ahead = st.decided_ahead(req)
+        mine = ahead[0] if ahead is not None else st.strategy.plan(view, req, rng())
+        st.last_request = req
+    with run.plain.read() as view:
+        ref = run.plain.strategy.plan(view, req, rng())
+    assert _same_decision(mine, ref), f"step {req.step}: the plan decided ahead differs"
+    assert st.decided_ahead(req) is None  # taken once
+    return ahead is not None
+
+
 @pytest.mark.parametrize("name", sorted(strat.REGISTRY))
 def test_a_plan_decided_ahead_is_the_plan_decided_on_its_path(name):
     """With ``plan_ahead`` the warmer decides the next plan once a step's reports are in (the
@@ -351,25 +376,14 @@ def test_a_plan_decided_ahead_is_the_plan_decided_on_its_path(name):
     request with only its own seal since takes it, and it is the plan a state that never
     warmed decides itself; any other event in between (a late report, a prompt upsert, the
     predictor's hand-over) or another request, and the plan decides on its own path."""
-    run = _Run(name, 3)
+    run = _ahead_run(name, 3)
     st = run.looked
-    st.plan_ahead = True
-    run.prompts(300)
     hits, misses = [], []
     for t in range(12):
         run.step = t
         run.plan()
         req = strat.PlanRequest(24 if t == 8 else 16, 64, 1, 8, t)  # step 8 asks another batch
-        rng = lambda t=t: strat.plan_rng(st.run_id, t, st.strategy.name)  # noqa: E731
-        with st.read() as view:
-            ahead = st.decided_ahead(req)
-            mine = ahead[0] if ahead is not None else st.strategy.plan(view, req, rng())
-            st.last_request = req
-        with run.plain.read() as view:
-            ref = run.plain.strategy.plan(view, req, rng())
-        assert _same_decision(mine, ref), f"step {t}: the plan decided ahead differs"
-        (hits if ahead is not None else misses).append(t)
-        assert st.decided_ahead(req) is None  # taken once
+        (hits if _plan_at(run, req) else misses).append(t)
         run.report(t, int(run.rng.integers(8, 40)))
         st.warm()
         if t == 4:
@@ -421,24 +435,13 @@ def test_a_report_speculated_before_it_commits(name):
     left for the plan's path) and are the definition's: the plan is the one a state that
     never warmed decides. A read before it commits sees the state without it; a report that
     never commits (another event takes its log position) leaves nothing of itself behind."""
-    run = _Run(name, 5)
+    run = _ahead_run(name, 5)
     st = run.looked
-    st.plan_ahead = True
-    run.prompts(300)
     hits, ready = [], []
     for t in range(12):
         run.step = t
         run.plan()
-        req = strat.PlanRequest(16, 64, 1, 8, t)
-        rng = lambda t=t: strat.plan_rng(st.run_id, t, st.strategy.name)  # noqa: E731
-        with st.read() as view:
-            ahead = st.decided_ahead(req)
-            mine = ahead[0] if ahead is not None else st.strategy.plan(view, req, rng())
-            st.last_request = req
-        with run.plain.read() as view:
-            ref = run.plain.strategy.plan(view, req, rng())
-        assert _same_decision(mine, ref), f"step {t}: the plan decided ahead differs"
-        if ahead is not None:
+        if _plan_at(run, strat.PlanRequest(16, 64, 1, 8, t)):
             hits.append(t)
         e = run.report_event(t, int(run.rng.integers(8, 40)))(run.seq + 1)
         # Not at step 0 (no view was read yet) nor 10 (one report after step 9's two: the
@@ -450,13 +453,13 @@ def test_a_report_speculated_before_it_commits(name):
         if t == 6:
             # The report did not commit; another took its log position (the same step and
             # prompts, other rewards).
-            run.event(lambda s: dataclasses.replace(e, reward_sum=e.n - e.reward_sum))
+            run.event(lambda s, e=e: dataclasses.replace(e, reward_sum=e.n - e.reward_sum))
             assert st._view is None and st._ahead is None
             _check_read(st, t, name)
         else:
             if t == 8:  # the same report read back from the log (a request that came first folds it)
                 e = dataclasses.replace(e, ordinals=e.ordinals.copy(), n=e.n.copy())
-            run.event(lambda s: e)
+            run.event(lambda s, e=e: e)
             if t not in (0, 4, 10):
                 ready.append(t)
                 assert st._view is not None and st._view[0] == st.seq and st._ahead[0] == st.seq
@@ -465,7 +468,7 @@ def test_a_report_speculated_before_it_commits(name):
         if t == 9:
             e = run.report_event(t, 5)(run.seq + 1)
             st.speculate(e)  # a late report of the step: speculated and folded
-            run.event(lambda s: e)
+            run.event(lambda s, e=e: e)
     assert hits == list(range(2, 11)), hits
     assert ready == [1, 2, 3, 5, 7, 8, 9, 11]
     run.finish()
