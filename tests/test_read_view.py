@@ -488,7 +488,8 @@ def test_the_store_speculates_in_its_background_thread():
     st.plan_ahead = True
     for t in range(3):
         run.step = t
-        run.plan()
+        with st.lock:  # (the warmer may be working on the state: fold under its lock, as the store does)
+            run.plan()
         with st.read():
             st.last_request = strat.PlanRequest(8, 32, 1, 8, t)
         e = run.report_event(t, 20)(run.seq + 1)
@@ -502,4 +503,37 @@ def test_the_store_speculates_in_its_background_thread():
         if t >= 1:
             assert st._view[0] == st.seq and st._ahead is not None and st._ahead[0] == st.seq
         _check_read(st, t, "default")
+    run.finish()
+
+
+def test_a_refresh_that_fails_before_a_speculated_report_commits_leaves_no_view(monkeypatch):
+    """A read between ``speculate`` and the report's commit refreshes the shadow back to the
+    state without the report; if that refresh fails part-way (the copy made, the steps not
+    applied), no view tagged with the report's position may survive it: once the report is
+    folded, the next read is the definition's."""
+    run = _Run("default", 5)
+    run.prompts(100)
+    st = run.looked
+    for t in range(3):
+        run.step = t
+        run.plan()
+        run.read()
+        if t < 2:
+            run.report(t, 20)
+    e = run.report_event(2, 20)(run.seq + 1)
+    assert st.speculate(e)
+    copy_into = rs._copy_into
+
+    def fails(*a, **k):
+        copy_into(*a, **k)
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(rs, "_copy_into", fails)
+    with pytest.raises(MemoryError):
+        with st.read():
+            pass
+    monkeypatch.setattr(rs, "_copy_into", copy_into)
+    run.event(lambda s: e)
+    assert st._view is None
+    _check_read(st, 2, "default")
     run.finish()

@@ -274,6 +274,7 @@ class RunState:
                 yield self.pool  # a deferred seal applied first
                 return
             if self._view is None or self._view[0] != self.seq:
+                self._view = None  # (a refresh that fails part-way leaves no tagged view behind)
                 self._view = (self.seq, self._refresh_shadow())
             yield self._view[1]
 
@@ -291,6 +292,7 @@ class RunState:
             if not self._warmable(self.pending):
                 return paid
             if self._view is None or self._view[0] != self.seq:
+                self._view = None  # (as in ``read``)
                 self._view = (self.seq, self._refresh_shadow())
             self._decide_ahead(self.seq, self._view[1])
             return True
