@@ -785,21 +785,11 @@ def strategy_state_row(url: str, run_id: str, key: str) -> dict | None:
 def unseen_predictions(url: str, run_id: str) -> tuple[list[str], np.ndarray]:
     """The run's never-seen prompts (no group reported) and their predicted pass rates, as
     the API lists them (``GET /v1/runs/{run}/prompts?state=unseen``, every page)."""
-    import httpx
+    from rollplan.client import Client
 
-    ids: list[str] = []
-    pred: list[float] = []
-    params: dict = {"state": "unseen", "limit": 1000}
-    with httpx.Client(base_url=url, timeout=300) as c:
-        while True:
-            r = c.get(f"/v1/runs/{run_id}/prompts", params=params)
-            r.raise_for_status()
-            body = r.json()
-            ids += [it["id"] for it in body["items"]]
-            pred += [it["predicted_pass_rate"] for it in body["items"]]
-            if not body.get("next_cursor"):
-                return ids, np.asarray(pred, np.float64)
-            params["cursor"] = body["next_cursor"]
+    with Client(url, timeout=300) as c:
+        rows = [(p["id"], p["predicted_pass_rate"]) for p in c.list_prompts(run_id, state="unseen")]
+    return [i for i, _ in rows], np.array([q for _, q in rows], np.float64)
 
 
 def memorisation_row(url: str, run_id: str) -> dict | None:

@@ -423,8 +423,8 @@ def runs_pager(limit: int) -> Pager[Run]:
     return Pager("/v1/runs", {"limit": limit}, Run.from_json)
 
 
-def prompts_pager(run_id: str, limit: int, domain: str | None) -> Pager[dict[str, Any]]:
-    return Pager(f"/v1/runs/{seg(run_id)}/prompts", {"limit": limit, "domain": domain})
+def prompts_pager(run_id: str, limit: int, domain: str | None, state: str | None = None) -> Pager[dict[str, Any]]:
+    return Pager(f"/v1/runs/{seg(run_id)}/prompts", {"limit": limit, "domain": domain, "state": state})
 
 
 MetricsArg = Iterable[Mapping[str, Any] | Sequence[Any]]

@@ -235,9 +235,12 @@ class _Api:
         return P.upsert_prompts(run_id, prompts, chunk_size, progress)
 
     @listing
-    def list_prompts(self, run_id: str, limit: int = 1000, domain: str | None = None) -> P.Pager[dict[str, Any]]:
-        """Every prompt of the run with its estimates (optionally of one ``domain``), lazily."""
-        return P.prompts_pager(run_id, limit, domain)
+    def list_prompts(
+        self, run_id: str, limit: int = 1000, domain: str | None = None, state: str | None = None
+    ) -> P.Pager[dict[str, Any]]:
+        """Every prompt of the run with its estimates (optionally of one ``domain``, or in one
+        ``state``: unseen, unsolved, frontier, solved), lazily."""
+        return P.prompts_pager(run_id, limit, domain, state)
 
     @endpoint
     def get_prompt(self, run_id: str, prompt_id: str) -> P.Op[dict[str, Any]]:

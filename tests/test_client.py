@@ -95,6 +95,7 @@ def test_sync_core_flow(server_factory):
         code = list(c.list_prompts("exp-1", limit=10, domain="code"))
         assert [p["id"] for p in code] == [f"gsm8k/train/{i}" for i in range(0, 25_000, 1000)]
         assert len(transport.seen) == 3  # 25 prompts, 10 a page
+        assert list(c.list_prompts("exp-1", domain="code", state="unseen")) == code  # nothing reported yet
 
         # A plan, and the same plan again for the same step.
         plan = c.plan("exp-1", 16, rollout_budget=80, step=0)

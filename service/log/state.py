@@ -58,7 +58,7 @@ import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -474,26 +474,21 @@ def _same_report(a: ReportEvent, b: Event) -> bool:
         return True
     if not isinstance(b, ReportEvent) or (a.seq, a.step) != (b.seq, b.step):
         return False
-    for f in ("ordinals", "n", "reward_sum", "informative", "abs_adv", "cost"):
+    return _same_arrays(a, b, ("ordinals", "n", "reward_sum", "informative", "abs_adv", "cost"))
+
+
+def _same_obs(a: Observations, b: Observations) -> bool:
+    """Two updates with the same groups (values and dtypes, field by field)."""
+    return a is b or _same_arrays(a, b, Observations.__dataclass_fields__)
+
+
+def _same_arrays(a: Any, b: Any, fields: Iterable[str]) -> bool:
+    """``a`` and ``b`` hold equal arrays (values and dtypes), or both None, in each field."""
+    for f in fields:
         x, y = getattr(a, f), getattr(b, f)
         if x is None or y is None:
             if x is not y:
                 return False
         elif x.dtype != y.dtype or not np.array_equal(x, y):
-            return False
-    return True
-
-
-def _same_obs(a: Observations, b: Observations) -> bool:
-    """Two updates with the same groups (values and dtypes, field by field)."""
-    if a is b:
-        return True
-    for f in Observations.__dataclass_fields__:
-        x, y = getattr(a, f), getattr(b, f)
-        if x is None or y is None:
-            if x is not y:
-                return False
-            continue
-        if x.dtype != y.dtype or not np.array_equal(x, y):
             return False
     return True
