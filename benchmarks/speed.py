@@ -2,7 +2,7 @@
 ingestion rate, on SQLite and PostgreSQL, through a real ``rollplan serve`` process over HTTP.
 
     python -m rollplan.benchmarks.speed [--smoke] [--out DIR] [--pools 10000,100000]
-        [--sections plans,register,ingest] [--register-pool N] [--old TREE --rounds R]
+        [--sections plans,register,ingest,overhead] [--register-pool N] [--old TREE --rounds R]
 
 Prints markdown tables and writes ``speed.json`` and ``speed_latency.png`` (plan p50 against
 pool size, log–log, with the floor) to ``--out``. A plan is timed four ways: new plans back
@@ -10,6 +10,9 @@ to back; each new plan right after the previous step's rewards were reported (th
 fold is still running when the plan comes: the worst case); each new plan after the report
 and ``--step-gap-ms`` more (a trainer's optimizer step between its report and its next plan,
 in which the service folds the report off the plan's path); and a stored plan asked again.
+The ``overhead`` section (asked by name) times the fixed cost of a request on a ``uniform``
+run of 10,000 prompts, ``--rounds`` times in fresh servers, alternating with ``--old``:
+``GET /healthz``, ``GET`` one prompt, a stored plan and a new plan of 1,024.
 Floors measured in the same run sit next to each figure: one ``numpy.argpartition`` over the
 pool (the least any top-k plan must do; the best of 25 in the client process), and raw psycopg ``COPY`` of the same reward
 rows, and of comparable prompt rows, into the same PostgreSQL database, both into a
@@ -212,6 +215,45 @@ def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, stra
             "mb_per_million_prompts": None if grown is None else grown * 1e6 / pool}
 
 
+OVERHEAD_REQUESTS = ("healthz", "prompt", "stored_plan", "new_plan")
+
+
+def bench_overhead(url: str, pool: int, batch: int, budget: int, repeats: int) -> dict:
+    """The fixed cost of a request, on a ``uniform`` run of ``pool`` prompts (its plan's own
+    compute is a few hundred microseconds): p50 of ``repeats`` each of ``GET /healthz`` (HTTP
+    and the client alone), ``GET`` one prompt (auth, a session, one read), the stored plan of a
+    step asked again (the run's lock, a read, the answer of ``batch`` items) and a new plan of
+    ``batch`` (lock, seal, plan, one stored row, commit, the answer), each after 10 untimed."""
+    run = f"overhead-{pool}-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=url, timeout=600) as c:
+        register(c, run, pool, "uniform")
+        body = {"batch_size": batch, "rollout_budget": budget}
+        c.post(f"/v1/runs/{run}/plans", json={**body, "step": 0}).raise_for_status()
+        step = iter(range(1, 10**9))
+
+        def new_plan() -> None:
+            r = c.post(f"/v1/runs/{run}/plans", json={**body, "step": next(step)})
+            assert r.status_code == 201, r.text
+
+        calls = {
+            "healthz": lambda: c.get("/healthz").raise_for_status(),
+            "prompt": lambda: c.get(f"/v1/runs/{run}/prompts/p%2F5").raise_for_status(),
+            "stored_plan": lambda: c.post(f"/v1/runs/{run}/plans", json={**body, "step": 0}).raise_for_status(),
+            "new_plan": new_plan,
+        }
+        out: dict = {"repeats": repeats}
+        for name in OVERHEAD_REQUESTS:
+            for _ in range(10):
+                calls[name]()
+            ts = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                calls[name]()
+                ts.append(time.perf_counter() - t)
+            out[f"{name}_p50_s"] = statistics.median(ts)
+    return out
+
+
 def _report_body(k: int, i: int, groups: int, rewards: int, pool: int) -> dict:
     rng = np.random.default_rng(k * 100_003 + i)
     ids = rng.choice(pool, groups, replace=False)
@@ -357,15 +399,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="benchmarks/out/speed")
     ap.add_argument("--pools", default=None, help="comma-separated pool sizes (default 10000,100000,1000000)")
     ap.add_argument("--databases", default="sqlite,postgres")
-    ap.add_argument("--sections", default="plans,register,ingest", help="any of plans, register, ingest")
+    ap.add_argument("--sections", default="plans,register,ingest",
+                    help="any of plans, register, ingest, overhead (the fixed cost of a request: not by default)")
     ap.add_argument("--register-pool", type=int, default=None, help="prompts registered (default 1,000,000)")
     ap.add_argument("--register-chunk", type=int, default=10_000, help="prompts per request")
     ap.add_argument("--old", default=None, help="a source tree of other code (e.g. a git worktree of an older "
                     "commit): its server is measured too, alternating with this code's, plans, register and ingest")
     ap.add_argument("--step-gap-ms", type=float, default=50.0, help="time between a report's answer and the next "
                     "plan in the third timing (default 50 ms: a trainer's step takes seconds)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register and ingest "
-                    "(plans: one of each)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of (this code, --old) for register, ingest "
+                    "and overhead (plans: one of each)")
+    ap.add_argument("--overhead-pool", type=int, default=None, help="pool of the overhead section (default 10,000)")
     args = ap.parse_args(argv)
 
     pools = [int(x) for x in args.pools.split(",")] if args.pools else ([2_000] if args.smoke else [10_000, 100_000, 1_000_000])
@@ -383,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "config": {"batch": batch, "budget": budget, "groups": groups, "rewards": rewards, "smoke": args.smoke,
                    "register_pool": reg_pool, "register_chunk": chunk, "old": args.old},
-        "plans": [], "ingest": [], "register": [], "register_client": [], "copy_floor": {}, "floors": [],
+        "plans": [], "overhead": [], "ingest": [], "register": [], "register_client": [], "copy_floor": {}, "floors": [],
     }
     variants = [("new", None)] + ([("old", args.old)] if args.old else [])
     for db in args.databases.split(","):
@@ -402,6 +446,16 @@ def main(argv: list[str] | None = None) -> dict:
                               f"  after a report and a step p50 {row['stepped_plan_p50_s']*1e3:8.2f} ms"
                               f"  stored p50 {row['stored_plan_p50_s']*1e3:7.2f} ms"
                               f"  argpartition {row['argpartition_floor_s']*1e3:6.2f} ms", flush=True)
+        for rnd in range(args.rounds) if "overhead" in sections else []:
+            for variant, code in variants:  # alternating, a fresh database and server each
+                with tempfile.TemporaryDirectory() as tmp, _database(db, Path(tmp)) as db_url, \
+                        server(db_url, Path(tmp), code=code) as url:
+                    opool = args.overhead_pool or (2_000 if args.smoke else 10_000)
+                    row = {**bench_overhead(url, opool, min(batch, opool), budget, 20 if args.smoke else 150),
+                           "db": db, "code": variant, "round": rnd, "pool": opool}
+                    results["overhead"].append(row)
+                    print(f"overhead {db:8s} {variant} round {rnd} pool={opool:,} " + "  ".join(
+                        f"{k} {row[k + '_p50_s'] * 1e3:.2f} ms" for k in OVERHEAD_REQUESTS), flush=True)
         if not sections & {"register", "ingest"}:
             continue
         for rnd in range(args.rounds):
@@ -502,6 +556,15 @@ def plot_latency(res: dict, path: Path) -> None:
         ax.set_yscale("log")
 
 
+def _overhead_rows(rows: list[dict]) -> list[tuple[tuple, list[dict]]]:
+    """The overhead rows one by one, then per (db, code) all rounds together ("median")."""
+    out: list[tuple[tuple, list[dict]]] = [((r["db"], r["code"], str(r["round"])), [r]) for r in rows]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["db"], r["code"], "median"), []).append(r)
+    return out + [(k, v) for k, v in groups.items() if len(v) > 1]
+
+
 def _print_tables(res: dict) -> None:
     print("\n| db | code | pool | strategy | new plan p50 (ms) | after a report p50 (ms) | × floor | "
           "after a report and a step p50 (ms) | × floor | stored plan p50 (ms) | argpartition floor, best of 25 (ms) |")
@@ -512,6 +575,14 @@ def _print_tables(res: dict) -> None:
                         for k in ("reported_plan_p50_s", "stepped_plan_p50_s"))
         print(f"| {r['db']} | {r.get('code', 'new')} | {r['pool']:,} | {r['strategy']} | {r['new_plan_p50_s']*1e3:.2f} {cells}| "
               f"{r['stored_plan_p50_s']*1e3:.2f} | {fl*1e3:.2f} |")
+
+    if res.get("overhead"):
+        print("\nthe fixed cost of a request (`uniform` run; p50 per round, then the median of the rounds' p50s)")
+        print("| db | code | round | pool | GET /healthz (ms) | GET a prompt (ms) | stored plan (ms) | new plan (ms) |")
+        print("|---|---|---|---:|---:|---:|---:|---:|")
+        for key, rows in _overhead_rows(res["overhead"]):
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {rows[0]['pool']:,} | " + " | ".join(
+                f"{statistics.median(r[k + '_p50_s'] for r in rows) * 1e3:.2f}" for k in OVERHEAD_REQUESTS) + " |")
 
     def ratio(r: dict) -> str:
         if "ratio" not in r:

@@ -48,8 +48,7 @@ class PlanJSON:
     costs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _cost_fields(self) -> list[dict[str, Any]]:
-        if self.costs is None:
-            return [{} for _ in self.prompt_ids]
+        assert self.costs is not None
         tok, hint, flag = self.costs
         out = []
         for t, h, f in zip(np.asarray(tok, float).tolist(), np.asarray(hint).tolist(), np.asarray(flag).tolist()):
@@ -61,13 +60,18 @@ class PlanJSON:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.head,
-            "items": [
+        predicted = self.predicted.tolist()
+        if self.costs is None:  # the common plan: three fields an item, no merge
+            items = [
+                {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p}
+                for i, r, p in zip(self.prompt_ids, self.rollouts, predicted)
+            ]
+        else:
+            items = [
                 {"prompt_id": i, "rollouts": r, "predicted_pass_rate": p, **c}
-                for i, r, p, c in zip(self.prompt_ids, self.rollouts, self.predicted.tolist(), self._cost_fields())
-            ],
-        }
+                for i, r, p, c in zip(self.prompt_ids, self.rollouts, predicted, self._cost_fields())
+            ]
+        return {**self.head, "items": items}
 
     def to_json(self) -> bytes:
         if not np.isfinite(self.predicted).all():  # not expected: json refuses NaN (orjson would write null)

@@ -202,3 +202,43 @@ def test_cli_create_list_revoke_against_the_database(make_client, db_url):
     r = _cli("keys", "list", "--active", "--database-url", db_url)
     assert key_id not in r.stdout
     assert _cli("keys", "revoke", "ffffffffffff", "--database-url", db_url).exit_code == 1
+
+
+def _count_thread_hand_offs(monkeypatch) -> list[str]:
+    """The names of the functions the app hands to its thread pool (anyio's ``run_sync``,
+    which Starlette's ``run_in_threadpool`` and FastAPI's sync endpoints go through)."""
+    import anyio.to_thread
+
+    seen: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(func, *args, **kwargs):
+        inner = getattr(func, "func", func)  # functools.partial
+        seen.append(getattr(inner, "__name__", repr(inner)))
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    return seen
+
+
+def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_client, monkeypatch):
+    """Each hand-off to the thread pool costs a plan request time on its path: the auth and
+    engine dependencies run on the event loop, and only their database look-ups go to a
+    thread. Without keys: the probe for a stored key and the endpoint; with an environment
+    key: the endpoint alone; with a stored key: its check and the endpoint."""
+    plan = {"batch_size": 2, "rollout_budget": 4}
+    for keys, key, hops in (([], None, ["auth_enabled", "_run_sync_endpoint"]),
+                            ([ADMIN], ADMIN, ["_run_sync_endpoint"])):
+        c = make_client(api_keys=keys)
+        headers = h(key) if key else {}
+        make_run(c, f"hops-{len(keys)}")
+        seen = _count_thread_hand_offs(monkeypatch)
+        r = c.post(f"/v1/runs/hops-{len(keys)}/plans", json={**plan, "step": 0}, headers=headers)
+        assert r.status_code == 201, r.text
+        assert sorted(seen) == sorted(hops), seen
+        if keys:
+            _, write = new_key(c, "write")
+            seen.clear()
+            assert c.post(f"/v1/runs/hops-{len(keys)}/plans", json={**plan, "step": 1}, headers=h(write)).status_code == 201
+            assert sorted(seen) == sorted(["_verify_stored", "_run_sync_endpoint"]), seen
+        monkeypatch.undo()

@@ -379,6 +379,25 @@ def test_speed_latency_plot_is_written(tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+def test_speed_overhead_table_takes_the_median_of_each_codes_rounds(capsys):
+    """``bench speed --sections overhead``: a row per round, then per database and code the
+    median of the rounds' p50s (a code measured once gets no median row)."""
+    from rollplan.benchmarks.speed import OVERHEAD_REQUESTS, _print_tables
+
+    def row(db, code, rnd, ms):
+        return {"db": db, "code": code, "round": rnd, "pool": 10_000,
+                **{f"{k}_p50_s": ms / 1e3 * (i + 1) for i, k in enumerate(OVERHEAD_REQUESTS)}}
+
+    rows = [row("sqlite", "new", 0, 1.0), row("sqlite", "old", 0, 5.0), row("sqlite", "new", 1, 3.0),
+            row("sqlite", "old", 1, 7.0), row("sqlite", "new", 2, 2.0), row("postgres", "new", 0, 4.0)]
+    _print_tables({"plans": [], "overhead": rows, "register": [], "register_client": [], "ingest": [], "copy_floor": {}})
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| sqlite") or x.startswith("| postgres")]
+    assert "| sqlite | new | median | 10,000 | 2.00 | 4.00 | 6.00 | 8.00 |" in lines
+    assert "| sqlite | old | median | 10,000 | 6.00 | 12.00 | 18.00 | 24.00 |" in lines
+    assert not any(x.startswith("| postgres | new | median") for x in lines)
+    assert len(lines) == len(rows) + 2
+
+
 def test_scale_spy_summary_counts_each_part_once_per_sample(tmp_path):
     """``bench scale --py-spy``'s summary: the share of samples with each part on the stack."""
     from rollplan.benchmarks.scale import spy_summary

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from .. import auth, schemas
 from ..config import Settings
@@ -48,11 +49,14 @@ _READ_METHODS = frozenset({"GET", "HEAD"})
 _bearer = HTTPBearer(auto_error=False, description="An API key, when the server is started with keys.")
 
 
-def get_engine(request: Request) -> Engine:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in
+# its thread pool, one hand-off between the event loop and a worker thread each, on every
+# request (a plan request used to make four).
+async def get_engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -78,14 +82,17 @@ def auth_enabled(request: Request) -> bool:
     return on
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> auth.Principal:
     """Who is calling. Keys come as ``Authorization: Bearer <key>``; for reads
     (GET/HEAD) a ``rollplan_key`` cookie is accepted too, so a browser dashboard
-    can sit behind the same keys (never for writes: no cross-site request forgery)."""
-    if not auth_enabled(request):
+    can sit behind the same keys (never for writes: no cross-site request forgery).
+    On the event loop; only the database look-ups (the probe of ``auth_enabled`` while
+    auth is off, a stored key's check) go to the thread pool."""
+    state = request.app.state
+    if not (getattr(state, "auth_on", False) or await run_in_threadpool(auth_enabled, request)):
         return auth.NO_AUTH
     token = creds.credentials if creds is not None and creds.scheme.lower() == "bearer" else None
     if token is None and request.method in _READ_METHODS:
@@ -97,15 +104,19 @@ def get_principal(
     given = token.encode()
     # Compare against every environment key so the time taken does not reveal which matched.
     ok = False
-    for k in request.app.state.settings.api_keys:
+    for k in state.settings.api_keys:
         ok |= hmac.compare_digest(given, k.get_secret_value().encode())
     if ok:
         return auth.ENV_ADMIN
-    with request.app.state.engine.sessions() as s:
-        principal = auth.verify(s, token)
+    principal = await run_in_threadpool(_verify_stored, request, token)
     if principal is None:
         raise Unauthorized("invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
     return principal
+
+
+def _verify_stored(request: Request, token: str) -> auth.Principal | None:
+    with request.app.state.engine.sessions() as s:
+        return auth.verify(s, token)
 
 
 def authorize(needed: auth.Scope | None = None):
@@ -113,7 +124,9 @@ def authorize(needed: auth.Scope | None = None):
     GET/HEAD = read, anything else = write) and, when the path names a run,
     that the key may touch that run. Returns the ``Principal``."""
 
-    def dependency(request: Request, principal: Annotated[auth.Principal, Depends(get_principal)]) -> auth.Principal:
+    async def dependency(
+        request: Request, principal: Annotated[auth.Principal, Depends(get_principal)]
+    ) -> auth.Principal:
         scope = needed or ("read" if request.method in _READ_METHODS else "write")
         principal.check(scope, request.path_params.get("run_id"))
         return principal

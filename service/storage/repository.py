@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker, undefer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -618,9 +618,14 @@ def plan_of_step(s: Session, run_pk: int, step: int) -> Plan | None:
     return s.scalar(select(Plan).where(Plan.run_pk == run_pk, Plan.step == step))
 
 
+_PLAN_BY_ID = (
+    select(Plan).options(undefer(Plan.items)).where(Plan.id == bindparam("plan_id"), Plan.run_pk == bindparam("run_pk"))
+)
+
+
 def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
     """The plan with its packed items (both callers read them): one round trip."""
-    return s.scalar(select(Plan).options(undefer(Plan.items)).where(Plan.id == plan_id, Plan.run_pk == run_pk))
+    return s.scalar(_PLAN_BY_ID, {"plan_id": plan_id, "run_pk": run_pk})
 
 
 _PLAN_COLUMNS = (
@@ -668,13 +673,22 @@ def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, co
     set_committed_value(run, "n_plans", run.n_plans + 1)
 
 
+def _plan_context_query(step_given: bool):
+    latest = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
+    at = bindparam("step") if step_given else func.coalesce(latest + 1, 0)
+    existing = select(Plan.id).where(Plan.run_pk == Run.pk, Plan.step == at).scalar_subquery()
+    return select(Run, latest, existing).where(Run.id == bindparam("run_id"))
+
+
+# Built once (with bound parameters): building the statement cost more than running it.
+_PLAN_CONTEXT = {given: _plan_context_query(given) for given in (False, True)}
+
+
 def plan_context(s: Session, run_id: str, step: int | None):
     """Under the run's lock: (the run, the step a plan asked without one gets, the id of
     the plan of ``step`` or of that step if any), in one query."""
-    latest = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
-    at = func.coalesce(latest + 1, 0) if step is None else step
-    existing = select(Plan.id).where(Plan.run_pk == Run.pk, Plan.step == at).scalar_subquery()
-    return s.execute(select(Run, latest, existing).where(Run.id == run_id)).first()
+    params: dict[str, Any] = {"run_id": run_id} if step is None else {"run_id": run_id, "step": step}
+    return s.execute(_PLAN_CONTEXT[step is not None], params).first()
 
 
 def plan_context_sql(run_id: str, step: int | None) -> str:
