@@ -216,6 +216,32 @@ def bench_plans(url: str, pool: int, batch: int, budget: int, repeats: int, stra
 
 
 OVERHEAD_REQUESTS = ("healthz", "prompt", "stored_plan", "new_plan")
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU time (user + system) a process has used, from ``/proc/{pid}/stat``; None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def postgres_cpu_s() -> float | None:
+    """CPU time used by every ``postgres`` process of this machine (the server the benchmark
+    talks to, on a machine with no other); None where there is no ``/proc``."""
+    total, found = 0.0, False
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().strip() != "postgres":
+                continue
+        except OSError:
+            continue
+        t = cpu_s(int(d.name))
+        if t is not None:
+            total, found = total + t, True
+    return total if found else None
 
 
 def bench_overhead(url: str, pool: int, batch: int, budget: int, repeats: int) -> dict:
@@ -223,8 +249,12 @@ def bench_overhead(url: str, pool: int, batch: int, budget: int, repeats: int) -
     compute is a few hundred microseconds): p50 of ``repeats`` each of ``GET /healthz`` (HTTP
     and the client alone), ``GET`` one prompt (auth, a session, one read), the stored plan of a
     step asked again (the run's lock, a read, the answer of ``batch`` items) and a new plan of
-    ``batch`` (lock, seal, plan, one stored row, commit, the answer), each after 10 untimed."""
+    ``batch`` (lock, seal, plan, one stored row, commit, the answer), each after 10 untimed.
+    Beside each p50: the CPU time per request of the server process, of this (the client's)
+    process and of the PostgreSQL processes, over the timed requests — what a noisy shared
+    machine moves less than it moves wall time."""
     run = f"overhead-{pool}-{uuid.uuid4().hex[:6]}"
+    pid = getattr(url, "pid", None)
     with httpx.Client(base_url=url, timeout=600) as c:
         register(c, run, pool, "uniform")
         body = {"batch_size": batch, "rollout_budget": budget}
@@ -246,11 +276,15 @@ def bench_overhead(url: str, pool: int, batch: int, budget: int, repeats: int) -
             for _ in range(10):
                 calls[name]()
             ts = []
+            cpu0 = (None if pid is None else cpu_s(pid), time.process_time(), postgres_cpu_s())
             for _ in range(repeats):
                 t = time.perf_counter()
                 calls[name]()
                 ts.append(time.perf_counter() - t)
+            cpu1 = (None if pid is None else cpu_s(pid), time.process_time(), postgres_cpu_s())
             out[f"{name}_p50_s"] = statistics.median(ts)
+            for who, a, b in zip(("server", "client", "postgres"), cpu0, cpu1):
+                out[f"{name}_{who}_cpu_s"] = None if a is None or b is None else (b - a) / repeats
     return out
 
 
@@ -583,6 +617,17 @@ def _print_tables(res: dict) -> None:
         for key, rows in _overhead_rows(res["overhead"]):
             print(f"| {key[0]} | {key[1]} | {key[2]} | {rows[0]['pool']:,} | " + " | ".join(
                 f"{statistics.median(r[k + '_p50_s'] for r in rows) * 1e3:.2f}" for k in OVERHEAD_REQUESTS) + " |")
+        print("\nCPU time per request (ms: the server process / the client / PostgreSQL's processes; "
+              "median of the rounds)")
+        print("| db | code | round | GET /healthz | GET a prompt | stored plan | new plan |")
+        print("|---|---|---|---:|---:|---:|---:|")
+
+        def cpu(rows: list[dict], k: str) -> str:
+            vals = [[r.get(f"{k}_{w}_cpu_s") for r in rows] for w in ("server", "client", "postgres")]
+            return " / ".join("–" if None in v else f"{statistics.median(v) * 1e3:.2f}" for v in vals)
+
+        for key, rows in _overhead_rows(res["overhead"]):
+            print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cpu(rows, k) for k in OVERHEAD_REQUESTS) + " |")
 
     def ratio(r: dict) -> str:
         if "ratio" not in r:

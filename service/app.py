@@ -28,6 +28,7 @@ from .metrics import Metrics
 from .scheduling import strategies as strat
 from .storage import migrate
 from .storage.db import make_engine, make_sessionmaker, ping
+from .storage.keys import sqlite_key_probe
 from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
@@ -280,10 +281,13 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         app.state.settings = settings
         app.state.sql_engine = sql_engine
         app.state.engine = Engine(settings, make_sessionmaker(sql_engine), metrics=prom)
+        key_probe = app.state.key_probe = sqlite_key_probe(settings.database_url)  # None on PostgreSQL
         freeze_startup_objects()
         try:
             yield
         finally:
+            if key_probe is not None:
+                key_probe.close()
             sql_engine.dispose()
 
     app = FastAPI(

@@ -221,13 +221,15 @@ def _count_thread_hand_offs(monkeypatch) -> list[str]:
     return seen
 
 
-def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_client, monkeypatch):
+def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_client, monkeypatch, db_url):
     """Each hand-off to the thread pool costs a plan request time on its path: the auth and
     engine dependencies run on the event loop, and only their database look-ups go to a
-    thread. Without keys: the probe for a stored key and the endpoint; with an environment
-    key: the endpoint alone; with a stored key: its check and the endpoint."""
+    thread. Without keys: the endpoint, and on PostgreSQL the probe for a stored key (on an
+    SQLite file the probe reads the file on the event loop); with an environment key: the
+    endpoint alone; with a stored key: its check and the endpoint."""
     plan = {"batch_size": 2, "rollout_budget": 4}
-    for keys, key, hops in (([], None, ["auth_enabled", "_run_sync_endpoint"]),
+    probe = [] if db_url.startswith("sqlite") else ["auth_enabled"]
+    for keys, key, hops in (([], None, [*probe, "_run_sync_endpoint"]),
                             ([ADMIN], ADMIN, ["_run_sync_endpoint"])):
         c = make_client(api_keys=keys)
         headers = h(key) if key else {}
@@ -242,3 +244,27 @@ def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_clien
             assert c.post(f"/v1/runs/hops-{len(keys)}/plans", json={**plan, "step": 1}, headers=h(write)).status_code == 201
             assert sorted(seen) == sorted(["_verify_stored", "_run_sync_endpoint"]), seen
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_sqlite_key_probe_failing_falls_back_to_the_pool(make_client):
+    """The event-loop probe of an SQLite file (``SQLiteKeyProbe``) that fails leaves the
+    answer to the pooled probe: a request without keys still answers, and a key made then
+    still turns auth on at once."""
+    import sqlite3
+
+    c = make_client()
+    app = c.app
+    while not hasattr(app, "state"):
+        app = app.app
+    assert app.state.key_probe is not None and app.state.key_probe() is False
+
+    def broken() -> bool:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    app.state.key_probe = broken
+    assert c.put("/v1/runs/fallback", json={}).status_code == 201
+    assert c.get("/v1/runs/fallback").status_code == 200
+    r = _cli("keys", "create", "--scope", "read", "--database-url", str(app.state.settings.database_url))
+    assert r.exit_code == 0, r.output
+    assert_problem(c.get("/v1/runs/fallback"), 401)

@@ -395,7 +395,8 @@ def test_speed_overhead_table_takes_the_median_of_each_codes_rounds(capsys):
     assert "| sqlite | new | median | 10,000 | 2.00 | 4.00 | 6.00 | 8.00 |" in lines
     assert "| sqlite | old | median | 10,000 | 6.00 | 12.00 | 18.00 | 24.00 |" in lines
     assert not any(x.startswith("| postgres | new | median") for x in lines)
-    assert len(lines) == len(rows) + 2
+    assert len(lines) == 2 * (len(rows) + 2)  # the p50 table, then the CPU table, each a row per round and median
+    assert "| sqlite | new | 0 | – / – / – | – / – / – | – / – / – | – / – / – |" in lines  # no CPU measured
 
 
 def test_scale_spy_summary_counts_each_part_once_per_sample(tmp_path):

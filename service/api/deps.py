@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import hmac
+import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
@@ -92,7 +93,7 @@ async def get_principal(
     On the event loop; only the database look-ups (the probe of ``auth_enabled`` while
     auth is off, a stored key's check) go to the thread pool."""
     state = request.app.state
-    if not (getattr(state, "auth_on", False) or await run_in_threadpool(auth_enabled, request)):
+    if not (getattr(state, "auth_on", False) or await _auth_on(request)):
         return auth.NO_AUTH
     token = creds.credentials if creds is not None and creds.scheme.lower() == "bearer" else None
     if token is None and request.method in _READ_METHODS:
@@ -112,6 +113,21 @@ async def get_principal(
     if principal is None:
         raise Unauthorized("invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
     return principal
+
+
+async def _auth_on(request: Request) -> bool:
+    """``auth_enabled`` from the event loop: on an SQLite file its probe reads the file here
+    (``SQLiteKeyProbe``, microseconds); on PostgreSQL (a round trip) in the thread pool."""
+    state = request.app.state
+    probe = getattr(state, "key_probe", None)
+    if probe is None or state.settings.api_keys:
+        return await run_in_threadpool(auth_enabled, request)
+    try:
+        on = probe()
+    except sqlite3.Error:  # the pooled path answers, or raises what the API maps (503)
+        return await run_in_threadpool(auth_enabled, request)
+    state.auth_on = on
+    return on
 
 
 def _verify_stored(request: Request, token: str) -> auth.Principal | None:

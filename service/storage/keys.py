@@ -3,6 +3,8 @@ and of what a bound key may see of the runs."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,6 +20,42 @@ def any_key(conn: Connection) -> bool:
     """Whether the table holds a key (revoked ones count): one indexed probe on a plain
     connection, no ORM session (it runs on every request while auth is off)."""
     return conn.execute(_ANY_KEY).first() is not None
+
+
+class SQLiteKeyProbe:
+    """``any_key`` for an SQLite file, on a connection of its own: a read of a local file
+    (microseconds, no network), so the server runs it on its event loop, without a hand-off
+    to a thread and without SQLAlchemy's pool on every request while auth is off. Each call
+    steps its statement to the end (``fetchall``), so no read transaction stays open between
+    requests to hold back the write-ahead log's checkpoints."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            return bool(self._conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchall())
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def sqlite_key_probe(url: str) -> SQLiteKeyProbe | None:
+    """The probe of an SQLite database file (``sqlite:///path``); None for another database
+    or an in-memory one (a second connection would see another database)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if (
+        u.get_backend_name() != "sqlite"
+        or not u.database
+        or u.database == ":memory:"
+        or u.query.get("mode") == "memory"
+    ):
+        return None
+    return SQLiteKeyProbe(u.database)
 
 
 def key_by_id(s: Session, key_id: str) -> ApiKey | None:
