@@ -191,14 +191,21 @@ class Planner:
             yield hold[0]
 
     @contextmanager
-    def _plan_transaction(self, run_id: str, step: int | None) -> Iterator[tuple[_Tx, int, str | None]]:
-        """``_transaction`` for a plan: the run, the step a plan without one gets and the id of
-        the step's plan if it has one, read with the run's lock in one round trip
-        (PostgreSQL) or one query after it (SQLite)."""
+    def _plan_transaction(self, run_id: str, step: int | None) -> Iterator[tuple[_Tx, int, Plan | None]]:
+        """``_transaction`` for a plan: the run, the step a plan without one gets and the step's
+        stored plan if it has one (with its items), read with the run's lock in one round trip
+        (PostgreSQL) or one query after it (SQLite): a stored plan asked again reads nothing
+        more."""
         read = repo.plan_context_sql(run_id, step)
         with (
             self._forget_on_failure(run_id) as hold,
-            repo.locked_context(self.sessions, run_id, read, lambda s: repo.plan_context(s, run_id, step)) as (s, row),
+            repo.locked_context(
+                self.sessions,
+                run_id,
+                read,
+                lambda s: repo.plan_context(s, run_id, step),
+                repo.plan_context_of_row,
+            ) as (s, row),
         ):
             if row is None:
                 raise RunNotFound(run_id)
@@ -228,13 +235,12 @@ class Planner:
     def plan(self, run_id: str, body: schemas.PlanIn) -> tuple[bool, PlanJSON]:
         if body.batch_size > self.settings.max_batch_size:
             raise TooLarge(f"batch_size: {body.batch_size} exceeds the limit of {self.settings.max_batch_size}")
-        with self._plan_transaction(run_id, body.step) as (tx, next_step, existing_id):
+        with self._plan_transaction(run_id, body.step) as (tx, next_step, existing):
             s, run = tx.session, tx.run
             budget = body.rollout_budget or body.batch_size * run.settings["rollouts_per_prompt"]
             if budget > self.settings.max_rollout_budget:
                 raise TooLarge(f"rollout_budget: {budget} exceeds the limit of {self.settings.max_rollout_budget}")
             step = body.step if body.step is not None else next_step
-            existing = None if existing_id is None else repo.plan_by_id(s, run.pk, existing_id)
             if existing is not None:
                 self._same_request(existing, body, budget, step)
                 o, r, p = repo.stored_plan_items(s, existing)

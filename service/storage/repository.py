@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import and_, bindparam, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, make_transient_to_detached, sessionmaker, undefer
 from sqlalchemy.orm.attributes import set_committed_value
@@ -524,13 +524,18 @@ def context_of_row(s: Session, row: tuple | None):
 
 @contextmanager
 def locked_context(
-    sessions: sessionmaker[Session], run_id: str, read: str, fallback: Callable[[Session], tuple | None]
+    sessions: sessionmaker[Session],
+    run_id: str,
+    read: str,
+    fallback: Callable[[Session], tuple | None],
+    of_row: Callable[[Session, tuple | None], tuple | None] = context_of_row,
 ) -> Iterator[tuple[Session, tuple | None]]:
     """The run's write transaction and its context row (``plan_context``, ``report_context``)
     read under the run's lock: on PostgreSQL in the lock's own round trip (``read``, their
-    ``_sql``), on SQLite by ``fallback(session)`` after it; None for an unknown run."""
+    ``_sql``, read back by ``of_row``), on SQLite by ``fallback(session)`` after it; None for
+    an unknown run."""
     with locked_read_session(sessions, run_id, read) as (s, row):
-        yield s, (fallback(s) if row is None and not is_postgres(s) else context_of_row(s, row))
+        yield s, (fallback(s) if row is None and not is_postgres(s) else of_row(s, row))
 
 
 def plan_in_run(s: Session, plan_id: str, run_pk: int) -> bool:
@@ -624,7 +629,7 @@ _PLAN_BY_ID = (
 
 
 def plan_by_id(s: Session, run_pk: int, plan_id: str) -> Plan | None:
-    """The plan with its packed items (both callers read them): one round trip."""
+    """The plan with its packed items (its caller, a plan's extension, reads them): one round trip."""
     return s.scalar(_PLAN_BY_ID, {"plan_id": plan_id, "run_pk": run_pk})
 
 
@@ -676,30 +681,53 @@ def add_plan(s: Session, run: Run, plan: Plan, ordinals, rollouts, predicted, co
 def _plan_context_query(step_given: bool):
     latest = select(func.max(RunStep.step)).where(RunStep.run_pk == Run.pk).scalar_subquery()
     at = bindparam("step") if step_given else func.coalesce(latest + 1, 0)
-    existing = select(Plan.id).where(Plan.run_pk == Run.pk, Plan.step == at).scalar_subquery()
-    return select(Run, latest, existing).where(Run.id == bindparam("run_id"))
+    return (
+        select(Run, latest, Plan)
+        .outerjoin(Plan, and_(Plan.run_pk == Run.pk, Plan.step == at))
+        .options(undefer(Plan.items))
+        .where(Run.id == bindparam("run_id"))
+    )
 
 
 # Built once (with bound parameters): building the statement cost more than running it.
 _PLAN_CONTEXT = {given: _plan_context_query(given) for given in (False, True)}
+# (attribute, column name) of every column of Plan, in the mapper's order.
+_PLAN_ALL_COLUMNS = tuple((a.key, a.columns[0].name) for a in sa_inspect(Plan).column_attrs)
 
 
 def plan_context(s: Session, run_id: str, step: int | None):
-    """Under the run's lock: (the run, the step a plan asked without one gets, the id of
-    the plan of ``step`` or of that step if any), in one query."""
+    """Under the run's lock: (the run, the step a plan asked without one gets, the stored plan
+    of ``step`` or of that step if any, its packed items loaded), in one query."""
     params: dict[str, Any] = {"run_id": run_id} if step is None else {"run_id": run_id, "step": step}
     return s.execute(_PLAN_CONTEXT[step is not None], params).first()
 
 
 def plan_context_sql(run_id: str, step: int | None) -> str:
-    """``plan_context`` as PostgreSQL text with its values inlined, for ``locked_read_session``."""
+    """``plan_context`` as PostgreSQL text with its values inlined, for ``locked_read_session``
+    (read back by ``plan_context_of_row``)."""
     cols = ", ".join(f"r.{name}" for _, name in _RUN_COLUMNS)
+    plan_cols = ", ".join(f"p.{name}" for _, name in _PLAN_ALL_COLUMNS)
     latest = "(SELECT max(st.step) FROM run_steps st WHERE st.run_pk = r.pk)"
     at = f"coalesce({latest} + 1, 0)" if step is None else literal(int(step))
     return (
-        f"SELECT {cols}, {latest}, (SELECT p.id FROM plans p WHERE p.run_pk = r.pk AND p.step = {at}) "
-        f"FROM runs r WHERE r.id = {literal(run_id)}"
+        f"SELECT {cols}, {latest}, {plan_cols} "
+        f"FROM runs r LEFT JOIN plans p ON p.run_pk = r.pk AND p.step = {at} WHERE r.id = {literal(run_id)}"
     )
+
+
+def plan_context_of_row(s: Session, row: tuple | None):
+    """``plan_context``'s answer from a row of ``plan_context_sql``: the run and the stored plan
+    (None where the step has none) as persistent instances of this session."""
+    out = context_of_row(s, row)
+    if out is None:
+        return None
+    run, latest, *cols = out
+    if cols[0] is None:  # the plan's primary key: no plan of that step
+        return run, latest, None
+    plan = Plan(**{key: v for (key, _), v in zip(_PLAN_ALL_COLUMNS, cols)})
+    make_transient_to_detached(plan)
+    s.add(plan)
+    return run, latest, plan
 
 
 _ITEM_BYTES = 8 + 4 + 8  # a packed item: ordinal int64, rollouts int32, predicted float64
