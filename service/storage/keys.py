@@ -30,7 +30,7 @@ class SQLiteKeyProbe:
     requests to hold back the write-ahead log's checkpoints."""
 
     def __init__(self, path: str) -> None:
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5)
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=1)
         self._lock = threading.Lock()
 
     def __call__(self) -> bool:
