@@ -282,8 +282,8 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         app.state.sql_engine = sql_engine
         app.state.engine = Engine(settings, make_sessionmaker(sql_engine), metrics=prom)
         key_probe = app.state.key_probe = sqlite_key_probe(settings.database_url)  # None on PostgreSQL
-        freeze_startup_objects()
         try:
+            freeze_startup_objects()
             yield
         finally:
             if key_probe is not None:

@@ -268,3 +268,25 @@ def test_sqlite_key_probe_failing_falls_back_to_the_pool(make_client):
     r = _cli("keys", "create", "--scope", "read", "--database-url", str(app.state.settings.database_url))
     assert r.exit_code == 0, r.output
     assert_problem(c.get("/v1/runs/fallback"), 401)
+
+
+def test_sqlite_key_probe_only_for_a_plain_file_it_can_open(tmp_path):
+    """The event-loop probe is made for a plain SQLite file only: not for PostgreSQL, an
+    in-memory database, a URI filename or a file that cannot be opened (the pooled probe
+    answers those); on a file it sees a key written by another connection."""
+    import sqlite3
+
+    from rollplan.service.storage.keys import sqlite_key_probe
+
+    for url in ("postgresql://postgres@127.0.0.1/x", "sqlite://", "sqlite:///:memory:",
+                f"sqlite:///file:{tmp_path / 'u.db'}?uri=true", f"sqlite:///{tmp_path / 'missing' / 'x.db'}"):
+        assert sqlite_key_probe(url) is None, url
+    path = tmp_path / "k.db"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE api_keys (pk INTEGER PRIMARY KEY)")
+    probe = sqlite_key_probe(f"sqlite:///{path}")
+    assert probe is not None and probe() is False
+    other.execute("INSERT INTO api_keys (pk) VALUES (1)")
+    assert probe() is True
+    probe.close()
+    other.close()

@@ -30,7 +30,9 @@ class SQLiteKeyProbe:
     requests to hold back the write-ahead log's checkpoints."""
 
     def __init__(self, path: str) -> None:
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=1)
+        # No busy wait (timeout 0): a database locked by a writer (a file not in WAL mode yet)
+        # raises at once, and the caller falls back to the pooled probe off the event loop.
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=0)
         self._lock = threading.Lock()
 
     def __call__(self) -> bool:
@@ -43,19 +45,20 @@ class SQLiteKeyProbe:
 
 
 def sqlite_key_probe(url: str) -> SQLiteKeyProbe | None:
-    """The probe of an SQLite database file (``sqlite:///path``); None for another database
-    or an in-memory one (a second connection would see another database)."""
+    """The probe of an SQLite database file (``sqlite:///path``); None for another database,
+    an in-memory one (a second connection would see another database), a URI filename
+    (``file:…``, ``uri=true``: left to the pool's own connections) or a file that cannot be
+    opened now (the pooled probe answers, or the API's 503)."""
     from sqlalchemy.engine import make_url
 
     u = make_url(url)
-    if (
-        u.get_backend_name() != "sqlite"
-        or not u.database
-        or u.database == ":memory:"
-        or u.query.get("mode") == "memory"
-    ):
+    db = u.database or ""
+    if u.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:") or u.query:
         return None
-    return SQLiteKeyProbe(u.database)
+    try:
+        return SQLiteKeyProbe(db)
+    except sqlite3.Error:
+        return None
 
 
 def key_by_id(s: Session, key_id: str) -> ApiKey | None:
