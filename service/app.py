@@ -27,8 +27,8 @@ from .errors import RollplanError, TooLarge, problem_body
 from .metrics import Metrics
 from .scheduling import strategies as strat
 from .storage import migrate
-from .storage.db import make_engine, make_sessionmaker, ping
-from .storage.keys import sqlite_key_probe
+from .storage.db import make_engine, make_sessionmaker, pg_options, ping
+from .storage.keys import key_probe
 from .ui import routes as ui
 
 PROBLEM_JSON = "application/problem+json"
@@ -281,13 +281,13 @@ def create_app(settings: Settings | None = None) -> ASGIApp:
         app.state.settings = settings
         app.state.sql_engine = sql_engine
         app.state.engine = Engine(settings, make_sessionmaker(sql_engine), metrics=prom)
-        key_probe = app.state.key_probe = sqlite_key_probe(settings.database_url)  # None on PostgreSQL
+        probe = app.state.key_probe = key_probe(sql_engine, pg_options(settings))
         try:
             freeze_startup_objects()
             yield
         finally:
-            if key_probe is not None:
-                key_probe.close()
+            if probe is not None:
+                await probe.aclose()
             sql_engine.dispose()
 
     app = FastAPI(

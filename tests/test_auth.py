@@ -221,14 +221,14 @@ def _count_thread_hand_offs(monkeypatch) -> list[str]:
     return seen
 
 
-def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_client, monkeypatch, db_url):
+def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_client, monkeypatch):
     """Each hand-off to the thread pool costs a plan request time on its path: the auth and
     engine dependencies run on the event loop, and only their database look-ups go to a
-    thread. Without keys: the endpoint, and on PostgreSQL the probe for a stored key (on an
-    SQLite file the probe reads the file on the event loop); with an environment key: the
-    endpoint alone; with a stored key: its check and the endpoint."""
+    thread. Without keys: the endpoint alone (the probe for a stored key runs on the event
+    loop: a read of the SQLite file, a round trip on PostgreSQL's own asynchronous
+    connection); with an environment key: the endpoint alone; with a stored key: its check
+    and the endpoint."""
     plan = {"batch_size": 2, "rollout_budget": 4}
-    probe = [] if db_url.startswith("sqlite") else ["auth_enabled"]
     auth_calls = ("auth_enabled", "_verify_stored")
 
     def split(seen: list[str]) -> tuple[list[str], int]:
@@ -237,7 +237,7 @@ def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_clien
         auth_seen = [n for n in seen if n in auth_calls]
         return auth_seen, len(seen) - len(auth_seen)
 
-    for keys, key, hops in (([], None, probe), ([ADMIN], ADMIN, [])):
+    for keys, key, hops in (([], None, []), ([ADMIN], ADMIN, [])):
         c = make_client(api_keys=keys)
         headers = h(key) if key else {}
         make_run(c, f"hops-{len(keys)}")
@@ -253,34 +253,62 @@ def test_auth_dependencies_leave_the_event_loop_only_for_the_database(make_clien
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_sqlite_key_probe_failing_falls_back_to_the_pool(make_client):
-    """The event-loop probe of an SQLite file (``SQLiteKeyProbe``) that fails leaves the
-    answer to the pooled probe: a request without keys still answers, and a key made then
-    still turns auth on at once."""
-    import sqlite3
-
+def test_key_probe_failing_falls_back_to_the_pool(make_client, db_url):
+    """The event-loop probe for a stored key that fails leaves the answer to the pooled probe:
+    a request without keys still answers, and a key made then still turns auth on at once."""
     c = make_client()
     app = c.app
     while not hasattr(app, "state"):
         app = app.app
-    assert app.state.key_probe is not None and app.state.key_probe() is False
+    assert app.state.key_probe is not None
+    real = app.state.key_probe
 
-    def broken() -> bool:
-        raise sqlite3.OperationalError("disk I/O error")
+    class Broken:
+        async def any_key(self) -> bool:
+            raise OSError("the probe's connection is gone")
 
-    app.state.key_probe = broken
-    assert c.put("/v1/runs/fallback", json={}).status_code == 201
-    assert c.get("/v1/runs/fallback").status_code == 200
-    r = _cli("keys", "create", "--scope", "read", "--database-url", str(app.state.settings.database_url))
+    app.state.key_probe = Broken()
+    try:
+        assert c.put("/v1/runs/fallback", json={}).status_code == 201
+        assert c.get("/v1/runs/fallback").status_code == 200
+        r = _cli("keys", "create", "--scope", "read", "--database-url", db_url)
+        assert r.exit_code == 0, r.output
+        assert_problem(c.get("/v1/runs/fallback"), 401)
+    finally:
+        app.state.key_probe = real
+
+
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_postgres_key_probe_reconnects_after_its_connection_is_killed(make_client, db_url):
+    """PostgreSQL's probe has a connection of its own (``rollplan-key-probe``): killed by the
+    server, the request that finds it dead is answered by the pooled probe, and the next one
+    connects again; a key made later still turns auth on at once."""
+    import psycopg
+
+    c = make_client()
+    assert c.put("/v1/runs/probe", json={}).status_code == 201
+
+    def kill() -> int:
+        with psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+            return admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'rollplan-key-probe' AND datname = current_database()"
+            ).fetchone()[0]
+
+    assert kill() == 1  # the probe connected at the first request
+    assert c.get("/v1/runs/probe").status_code == 200  # found dead: the pooled probe answered
+    assert c.get("/v1/runs/probe").status_code == 200  # connected again
+    assert kill() == 1
+    r = _cli("keys", "create", "--scope", "read", "--database-url", db_url)
     assert r.exit_code == 0, r.output
-    assert_problem(c.get("/v1/runs/fallback"), 401)
+    assert_problem(c.get("/v1/runs/probe"), 401)
 
 
 def test_sqlite_key_probe_only_for_a_plain_file_it_can_open(tmp_path):
     """The event-loop probe is made for a plain SQLite file only: not for PostgreSQL, an
     in-memory database, a URI filename or a file that cannot be opened (the pooled probe
     answers those); on a file it sees a key written by another connection."""
+    import asyncio
     import sqlite3
 
     from rollplan.service.storage.keys import sqlite_key_probe
@@ -295,5 +323,5 @@ def test_sqlite_key_probe_only_for_a_plain_file_it_can_open(tmp_path):
     assert probe is not None and probe() is False
     other.execute("INSERT INTO api_keys (pk) VALUES (1)")
     assert probe() is True
-    probe.close()
+    asyncio.run(probe.aclose())
     other.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import hmac
-import sqlite3
+import logging
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
@@ -43,6 +43,8 @@ PromptIdPath = Annotated[
 ]
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size (at most 1000, or the server's max_page_size).")]
 Cursor = Annotated[str | None, Query(max_length=400, description="Opaque cursor from a previous page.")]
+
+log = logging.getLogger(__name__)
 
 KEY_COOKIE = "rollplan_key"
 _READ_METHODS = frozenset({"GET", "HEAD"})
@@ -116,15 +118,18 @@ async def get_principal(
 
 
 async def _auth_on(request: Request) -> bool:
-    """``auth_enabled`` from the event loop: on an SQLite file its probe reads the file here
-    (``SQLiteKeyProbe``, microseconds); on PostgreSQL (a round trip) in the thread pool."""
+    """``auth_enabled`` from the event loop, by the database's own probe (``keys.key_probe``:
+    on an SQLite file a read of the file, microseconds; on PostgreSQL one round trip on an
+    asynchronous connection), with no hand-off to a thread. Where that probe fails, the pooled
+    probe answers in the thread pool (or raises what the API maps: 503)."""
     state = request.app.state
     probe = getattr(state, "key_probe", None)
     if probe is None or state.settings.api_keys:
         return await run_in_threadpool(auth_enabled, request)
     try:
-        on = probe()
-    except sqlite3.Error:  # the pooled path answers, or raises what the API maps (503)
+        on = await probe.any_key()
+    except Exception:
+        log.debug("the event-loop key probe failed; the pooled probe answers", exc_info=True)
         return await run_in_threadpool(auth_enabled, request)
     state.auth_on = on
     return on

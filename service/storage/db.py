@@ -49,11 +49,8 @@ def make_engine(settings: Settings) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    connect_args = {}
-    if settings.db_statement_timeout_s > 0:
-        # Bounds every statement, waits for the run's advisory lock included: no
-        # request hangs on a stuck transaction (the API answers 503 instead).
-        connect_args["options"] = f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
+    options = pg_options(settings)
+    connect_args = {} if options is None else {"options": options}
     return create_engine(
         url,
         pool_size=settings.db_pool_size,
@@ -64,6 +61,15 @@ def make_engine(settings: Settings) -> Engine:
         pool_timeout=30,
         connect_args=connect_args,
     )
+
+
+def pg_options(settings: Settings) -> str | None:
+    """The PostgreSQL session options of every connection the service opens: a statement
+    timeout that bounds every statement, waits for the run's advisory lock included, so no
+    request hangs on a stuck transaction (the API answers 503 instead)."""
+    if settings.db_statement_timeout_s > 0:
+        return f"-c statement_timeout={int(settings.db_statement_timeout_s * 1000)}"
+    return None
 
 
 def ping(session: Session) -> None:

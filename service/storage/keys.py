@@ -3,12 +3,13 @@ and of what a bound key may see of the runs."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, false, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, false, or_, select
 from sqlalchemy.orm import Session
 
 from .models import ApiKey, Run
@@ -39,9 +40,60 @@ class SQLiteKeyProbe:
         with self._lock:
             return bool(self._conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchall())
 
-    def close(self) -> None:
+    async def any_key(self) -> bool:
+        return self()
+
+    async def aclose(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+class PostgresKeyProbe:
+    """``any_key`` for PostgreSQL on an asynchronous connection of its own, awaited on the
+    event loop: one round trip, no hand-off to a thread and no pooled connection's checkout
+    and reset. Connected at first use; a connection that fails is dropped (the next call
+    connects again) and the error raised, for the caller to fall back to the pooled probe.
+    Calls take turns on the one connection (a lock): a probe is one short round trip."""
+
+    def __init__(self, conninfo: str, options: str | None = None) -> None:
+        self._conninfo, self._options = conninfo, options
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+
+    async def any_key(self) -> bool:
+        import psycopg
+
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    kwargs: dict[str, Any] = {
+                        "autocommit": True,
+                        "connect_timeout": 5,
+                        "application_name": "rollplan-key-probe",
+                    }
+                    if self._options:
+                        kwargs["options"] = self._options
+                    self._conn = await psycopg.AsyncConnection.connect(self._conninfo, **kwargs)
+                cur = await self._conn.execute("SELECT 1 FROM api_keys LIMIT 1")
+                return bool(await cur.fetchall())
+            except BaseException:
+                await self._drop()
+                raise
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except Exception:  # closing a broken connection: nothing more to do
+                pass
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
+KeyProbe = SQLiteKeyProbe | PostgresKeyProbe
 
 
 def sqlite_key_probe(url: str) -> SQLiteKeyProbe | None:
@@ -59,6 +111,18 @@ def sqlite_key_probe(url: str) -> SQLiteKeyProbe | None:
         return SQLiteKeyProbe(db)
     except sqlite3.Error:
         return None
+
+
+def key_probe(engine: Engine, options: str | None = None) -> KeyProbe | None:
+    """The event-loop probe for ``engine``'s database: ``sqlite_key_probe``, or on PostgreSQL
+    a ``PostgresKeyProbe`` with the engine's URL and the service's session ``options``
+    (``db.pg_options``); None for another database."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        return sqlite_key_probe(url.render_as_string(hide_password=False))
+    if url.get_backend_name() == "postgresql":
+        return PostgresKeyProbe(url.set(drivername="postgresql").render_as_string(hide_password=False), options)
+    return None
 
 
 def key_by_id(s: Session, key_id: str) -> ApiKey | None:
