@@ -325,3 +325,62 @@ def test_sqlite_key_probe_only_for_a_plain_file_it_can_open(tmp_path):
     assert probe() is True
     asyncio.run(probe.aclose())
     other.close()
+
+
+@pytest.mark.postgres
+def test_postgres_key_probe_never_queues_and_bounds_a_slow_read(pg_admin_url):
+    """A probe that finds the connection in use raises ``ProbeBusy`` at once (its request asks
+    the pooled probe, in parallel) instead of queueing behind it; a read held up by a lock
+    fails within the probe's own statement timeout and the next call connects again. The
+    connection parameters come from the engine's dialect: a database name with a space in it
+    is reached."""
+    import asyncio
+    import time
+    import uuid
+
+    import psycopg
+    from sqlalchemy import create_engine as sa_engine
+    from sqlalchemy.engine import make_url
+
+    from rollplan.service.storage import migrate
+    from rollplan.service.storage.keys import ProbeBusy, key_probe
+
+    admin = pg_admin_url.replace("postgresql+psycopg://", "postgresql://")
+    name = f"rollplan probe {uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_admin_url.replace("postgresql://", "postgresql+psycopg://")).set(database=name)
+    engine = sa_engine(url)
+    try:
+        migrate.upgrade(url.render_as_string(hide_password=False))
+        probe = key_probe(engine, "-c statement_timeout=60000")
+        assert probe is not None
+
+        async def scenario() -> tuple[bool, float, float, bool]:
+            first = await probe.any_key()
+            blocker = await psycopg.AsyncConnection.connect(admin, dbname=name)
+            await blocker.execute("BEGIN")
+            await blocker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+            slow = asyncio.ensure_future(probe.any_key())
+            await asyncio.sleep(0.2)  # the slow one holds the connection, waiting for the lock
+            t0 = time.perf_counter()
+            with pytest.raises(ProbeBusy):
+                await probe.any_key()
+            busy_s = time.perf_counter() - t0
+            with pytest.raises(psycopg.Error):  # the probe's own 2 s statement timeout
+                await slow
+            slow_s = time.perf_counter() - t0
+            await blocker.execute("ROLLBACK")
+            await blocker.close()
+            again = await probe.any_key()  # connects again
+            await probe.aclose()
+            return first, busy_s, slow_s, again
+
+        first, busy_s, slow_s, again = asyncio.run(scenario())
+        assert first is False and again is False
+        assert busy_s < 0.5, busy_s  # not queued behind the slow read
+        assert slow_s < 10, slow_s  # 2 s, not the service's 60 s statement timeout
+    finally:
+        engine.dispose()
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -48,32 +48,45 @@ class SQLiteKeyProbe:
             self._conn.close()
 
 
+class ProbeBusy(Exception):
+    """The probe's one connection is in use: the caller asks the pooled probe instead."""
+
+
 class PostgresKeyProbe:
     """``any_key`` for PostgreSQL on an asynchronous connection of its own, awaited on the
     event loop: one round trip, no hand-off to a thread and no pooled connection's checkout
     and reset. Connected at first use; a connection that fails is dropped (the next call
     connects again) and the error raised, for the caller to fall back to the pooled probe.
-    Calls take turns on the one connection (a lock): a probe is one short round trip."""
 
-    def __init__(self, conninfo: str, options: str | None = None) -> None:
-        self._conninfo, self._options = conninfo, options
+    Nothing queues on it: a call that finds the connection in use raises ``ProbeBusy`` at once
+    (the pooled probe answers that request, in parallel, as before), so a slow database
+    delays one request, not every one behind it. The connection bounds its own statements
+    (2 s) and connects within 2 s, with TCP keepalives, so a stuck probe fails soon."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self._params = {
+            "connect_timeout": 2,
+            "application_name": "rollplan-key-probe",
+            "keepalives": 1,
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 2,
+            **params,
+            "autocommit": True,
+            "options": " ".join(x for x in (params.get("options"), "-c statement_timeout=2000") if x),
+        }
         self._conn: Any = None
         self._lock = asyncio.Lock()
 
     async def any_key(self) -> bool:
         import psycopg
 
+        if self._lock.locked():
+            raise ProbeBusy
         async with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
-                    kwargs: dict[str, Any] = {
-                        "autocommit": True,
-                        "connect_timeout": 5,
-                        "application_name": "rollplan-key-probe",
-                    }
-                    if self._options:
-                        kwargs["options"] = self._options
-                    self._conn = await psycopg.AsyncConnection.connect(self._conninfo, **kwargs)
+                    self._conn = await psycopg.AsyncConnection.connect(**self._params)
                 cur = await self._conn.execute("SELECT 1 FROM api_keys LIMIT 1")
                 return bool(await cur.fetchall())
             except BaseException:
@@ -89,8 +102,8 @@ class PostgresKeyProbe:
                 pass
 
     async def aclose(self) -> None:
-        async with self._lock:
-            await self._drop()
+        """Close the connection, without waiting for a probe in flight (it then fails)."""
+        await self._drop()
 
 
 KeyProbe = SQLiteKeyProbe | PostgresKeyProbe
@@ -115,13 +128,19 @@ def sqlite_key_probe(url: str) -> SQLiteKeyProbe | None:
 
 def key_probe(engine: Engine, options: str | None = None) -> KeyProbe | None:
     """The event-loop probe for ``engine``'s database: ``sqlite_key_probe``, or on PostgreSQL
-    a ``PostgresKeyProbe`` with the engine's URL and the service's session ``options``
-    (``db.pg_options``); None for another database."""
+    a ``PostgresKeyProbe`` with the connection parameters the engine's dialect gives its own
+    connections (host lists, sockets, quoting as the engine has them) and the service's
+    session ``options`` (``db.pg_options``, as the engine's ``connect_args``); None for
+    another database."""
     url = engine.url
     if url.get_backend_name() == "sqlite":
         return sqlite_key_probe(url.render_as_string(hide_password=False))
     if url.get_backend_name() == "postgresql":
-        return PostgresKeyProbe(url.set(drivername="postgresql").render_as_string(hide_password=False), options)
+        _, params = engine.dialect.create_connect_args(url)
+        params = {k: v for k, v in params.items() if k != "context"}  # the engine's own adapters
+        if options is not None:
+            params["options"] = options
+        return PostgresKeyProbe(params)
     return None
 
 
