@@ -184,11 +184,12 @@ def test_plans_decided_ahead_are_the_plans_decided_on_their_path(make_client, tm
 
 
 @pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
-def test_a_new_plan_on_postgresql_is_four_round_trips(client):
+def test_a_new_plan_on_postgresql_is_three_pooled_round_trips(client):
     """The plan's path on PostgreSQL, counted in the wire protocol (libpq's trace of every
-    pooled connection; each ReadyForQuery ends one round trip): the auth probe in autocommit
-    (no BEGIN and ROLLBACK around it), the lock with BEGIN and the plan's context in one
-    simple query (no BEGIN of the driver's own before it), the plan's one statement, COMMIT.
+    pooled connection; each ReadyForQuery ends one round trip): the lock with BEGIN and the
+    plan's context in one simple query (no BEGIN of the driver's own before it), the plan's
+    one statement, COMMIT. The auth probe takes no pooled connection: it is asked on the
+    key probe's own connection, awaited on the event loop.
     The transaction is still one: a failed request leaves nothing, and the pooled
     connection goes back to the driver's transactional mode."""
     import tempfile
@@ -222,7 +223,9 @@ def test_a_new_plan_on_postgresql_is_four_round_trips(client):
     lines = trace.read().splitlines()
     sent = [x.split("\t")[3].strip() for x in lines if x.startswith("F\t") and x.split("\t")[2] == "Query"]
     trips = sum(1 for x in lines if x.startswith("B\t") and "ReadyForQuery" in x)
-    assert trips == 4, lines
+    assert trips == 3, lines
+    assert not any("api_keys" in q for q in sent), sent  # the key probe's own connection asked
+    assert app.state.key_probe is not None and app.state.key_probe._conn is not None
     assert not any(q == '"BEGIN"' for q in sent), sent  # BEGIN only within the lock's query
     assert any(q.startswith('"SELECT pg_advisory_xact_lock(') and "; BEGIN; SELECT" in q for q in sent), sent
     assert sent[-1] == '"COMMIT"', sent
