@@ -311,3 +311,17 @@ def test_model_learns_from_client_embeddings():
     again = M.Predictor.from_bytes(pred.to_bytes())
     assert np.allclose(again.predict_logit(feats, np.zeros(P, np.int64), 0, emb, has),
                        pred.predict_logit(feats, np.zeros(P, np.int64), 0, emb, has))
+
+
+def test_asking_whether_torch_is_there_does_not_import_it():
+    """A run or strategy change with ``predictor: true`` checks that torch is installed
+    without importing it (seconds, more on a loaded machine: schemathesis saw such a request
+    pass its 10 s timeout); the import is the background trainer's."""
+    script = (
+        "import sys, json\n"
+        "from rollplan.service.predictor import available\n"
+        "print(json.dumps([available(), 'torch' in sys.modules]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]

@@ -6,7 +6,9 @@ the strategies run with ``predictor: true``.
 
 torch is optional (the ``[torch]`` extra). This package imports it only in
 ``model`` and only when the background trainer first needs it; ``available()``
-tells whether it can. Without torch the service runs and plans as usual, and a
+tells whether it is installed, without importing it (an import of torch takes seconds,
+more on a loaded machine: a request that asks for the predictor must not wait on it;
+an install that is found but fails to import shows as the predictor's ``error``). Without torch the service runs and plans as usual, and a
 run (or strategy change) asking for ``predictor: true`` is refused with 422.
 """
 
@@ -16,13 +18,14 @@ _available: bool | None = None
 
 
 def available() -> bool:
-    """Whether torch can be imported here (checked once per process)."""
+    """Whether torch is installed here (its module is found; checked once per process,
+    without importing it)."""
     global _available
     if _available is None:
+        import importlib.util
+
         try:
-            import torch  # noqa: F401
-        except ImportError:
+            _available = importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):  # a broken or half-imported package
             _available = False
-        else:
-            _available = True
     return _available
