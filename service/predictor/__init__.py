@@ -5,10 +5,11 @@ background from the reward log; the prior of prompts with little history for
 the strategies run with ``predictor: true``.
 
 torch is optional (the ``[torch]`` extra). This package imports it only in
-``model`` and only when the background trainer first needs it; ``available()``
-tells whether it is installed, without importing it (an import of torch takes seconds,
-more on a loaded machine: a request that asks for the predictor must not wait on it;
-an install that is found but fails to import shows as the predictor's ``error``). Without torch the service runs and plans as usual, and a
+``model`` and only when the background trainer first needs it. ``available()``
+tells whether it is installed without importing it: an import of torch takes
+seconds (more on a loaded machine), and a request that asks for the predictor
+must not wait on it; an install that is found but fails to import shows as the
+predictor's ``error``. Without torch the service runs and plans as usual, and a
 run (or strategy change) asking for ``predictor: true`` is refused with 422.
 """
 
