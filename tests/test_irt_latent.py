@@ -533,3 +533,43 @@ def test_sample_informative_is_p_normal_times_the_informative_probability_of_the
     x, v = m.logit(o, d, prior, 3)
     pd = 1 / (1 + np.exp(-(x + np.sqrt(v) * np.random.default_rng(1).standard_normal(25))))
     assert full == pytest.approx((1 - qs - qv) * (1 - pd**8 - (1 - pd) ** 8), rel=1e-12)
+
+
+def test_the_stuck_hazard_slows_with_all_fail_groups_in_a_row_and_a_pass_resets_it():
+    """`latent_fail_free` f₀: a prompt with at most f₀ all-fail groups in a row relaxes
+    toward its domain's shares at the stuck hazard; past that at the hazard × (f₀ / fails)^γ
+    — the posterior a gap later is exactly that relaxation — and one group with a pass
+    resets the count (back to the full hazard)."""
+    h, f0, gamma = 0.01, 2.0, 2.0
+    m, plain = _model(latent_hazard=h, latent_fail_free=f0, latent_fail_power=gamma), _model(latent_hazard=h)
+    o, d = np.array([0, 1]), np.array([0, 0])
+    for step in range(8):
+        for x in (m, plain):
+            _obs(x, np.arange(2, 42), 8, 7, step)  # a level the policy passes
+            _obs(x, 0, 8, 0, step)  # prompt 0 fails every group: 8 in a row
+            if step < 2:
+                _obs(x, 1, 8, 0, step)  # prompt 1 fails twice: within f₀
+    assert m.fails_[0] == 8 and m.fails_[1] == 2
+    a, b = (x[0] for x in m.latent_prior())
+    qs_0, qs_1 = m.q_stuck_[0], m.q_stuck_[1]
+    gap0, gap1 = 100, 106  # steps since each prompt's last group (7 and 1)
+    qs = m.latent_probs(o, d, 107)[0]
+    slowed = h * (f0 / 8.0) ** gamma
+    assert qs[0] == pytest.approx(a + (qs_0 - a) * (1 - slowed) ** gap0, rel=1e-6)
+    assert qs[1] == pytest.approx(a + (qs_1 - a) * (1 - h) ** gap1, rel=1e-6)  # the full hazard
+    # without the option the same evidence relaxes at the full hazard: held out far longer with it
+    assert qs[0] > 0.9 > plain.latent_probs(o, d, 107)[0][0]
+    # a group with a pass resets the count: the prompt's next failures start from zero
+    _obs(m, 0, 8, 3, 108)
+    assert m.fails_[0] == 0 and m.q_stuck_[0] == 0.0
+    _obs(m, 0, 8, 0, 109)
+    assert m.fails_[0] == 1
+
+
+def test_fail_count_is_kept_only_when_asked():
+    m = _model(latent_hazard=0.002)
+    _obs(m, 0, 8, 0, 0)
+    assert m.fails_.size == 0
+    s = strat.build("default", {"latent_fail_free": 3, "latent_fail_power": 1.5})
+    model = s.make_pool().tracker("skill", SkillTracker).model
+    assert (model.fail_free, model.fail_power) == (3.0, 1.5)

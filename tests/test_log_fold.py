@@ -38,6 +38,7 @@ SPECS = [
         "params": {"latent_hazard": 0.0, "latent_reopen": 1.0, "latent_decay": 0.01, "latent_hazard_solved": 0.001,
                    "uniform_thompson": 0.0, "reprobe_halflife": 10.0, "latent_mean": True},
     },
+    {"name": "default", "params": {"latent_hazard": 0.05, "latent_fail_free": 1.0, "latent_fail_power": 2.0}},
 ]
 
 
@@ -163,7 +164,7 @@ def plan_items(c: TestClient, run_id: str, step: int) -> list:
     return [(i["prompt_id"], i["rollouts"], i["predicted_pass_rate"]) for i in r["items"]]
 
 
-@pytest.mark.parametrize("name", SPECS, ids=lambda n: n if isinstance(n, str) else "default-opt-in")
+@pytest.mark.parametrize("name", SPECS, ids=lambda n: n if isinstance(n, str) else "default-" + "-".join(sorted(n["params"])))
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(scn=scenarios())

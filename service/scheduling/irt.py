@@ -95,6 +95,8 @@ class SkillDifficultyModel:
         latent_hazard_stuck: float | None = None,
         latent_hazard_solved: float | None = None,
         latent_decay: float = 0.0,
+        latent_fail_free: float = 0.0,
+        latent_fail_power: float = 1.0,
     ) -> None:
         self.em = em
         self.skill_share = skill_share
@@ -106,6 +108,8 @@ class SkillDifficultyModel:
         self.hazard_solved = latent_hazard if latent_hazard_solved is None else latent_hazard_solved
         self.latent_reopen = latent_reopen
         self.latent_decay = latent_decay
+        self.fail_free = latent_fail_free
+        self.fail_power = latent_fail_power
         self.skill_drift = skill_drift
         self.difficulty_drift = difficulty_drift
         self.prior_var = prior_var
@@ -136,6 +140,9 @@ class SkillDifficultyModel:
         self.q_solved_ = np.zeros(0, np.float32)
         # Per-domain sums over seen prompts: count, ΣP(stuck), ΣP(solved).
         self.lat_ = np.zeros((1, 3))
+        # All-fail groups in a row since the prompt's last group with a pass (kept only with
+        # ``latent`` and ``latent_fail_free`` > 0): its stuck hazard slows as they add up.
+        self.fails_ = np.zeros(0, np.float32)
         # The domain's skill when a prompt's client prior was given (NaN: none); created at
         # the first prior, so a pool without priors keeps no such column.
         self.prior_anchor_: np.ndarray | None = None
@@ -149,6 +156,8 @@ class SkillDifficultyModel:
         if self.latent:
             self.q_stuck_ = grow(self.q_stuck_, size, 0.0)
             self.q_solved_ = grow(self.q_solved_, size, 0.0)
+            if self.fail_free > 0:
+                self.fails_ = grow(self.fails_, size, 0.0)
         if self.prior_anchor_ is not None:
             self.prior_anchor_ = grow(self.prior_anchor_, size, np.nan)
         if n_domains > self.theta_.shape[0]:
@@ -390,6 +399,8 @@ class SkillDifficultyModel:
             if self.hazard_stuck > 0 or self.hazard_solved > 0 or self.latent_decay > 0:
                 keep_s = (1.0 - self.hazard_stuck) ** gap if self.hazard_stuck > 0 else 1.0
                 keep_v = keep_s if self.hazard_solved == self.hazard_stuck else (1.0 - self.hazard_solved) ** gap
+                if self.fail_free > 0 and self.hazard_stuck > 0:
+                    keep_s = (1.0 - self._stuck_hazard(os)) ** gap
             if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
                 rise = self.skill_now()[d[sel]] - self.skill_seen_[os].astype(np.float64)
                 keep_s = keep_s * np.exp(-self.latent_reopen * np.maximum(rise, 0.0))
@@ -401,6 +412,15 @@ class SkillDifficultyModel:
             qs[sel] = a + (s0 - a) * keep_s
             qv[sel] = b + (v0 - b) * keep_v
         return qs, qv
+
+    def _stuck_hazard(self, o: np.ndarray) -> np.ndarray:
+        """The stuck hazard of prompts ``o``: ``hazard_stuck`` while a prompt has at most
+        ``fail_free`` all-fail groups in a row, then × (fail_free / fails)^fail_power. A
+        prompt that failed every group since it was last re-opened is less and less likely a
+        hard one the policy will reach (those pass within a few retries) and more and more
+        likely a wrong label, which never passes."""
+        f = self.fails_[o].astype(np.float64)
+        return self.hazard_stuck * (self.fail_free / np.maximum(f, self.fail_free)) ** self.fail_power
 
     def _observe_latent(self, o, d, n, k, step, mu, var, th, th_var, pred=None) -> np.ndarray:
         """Bayes' rule on the latent class for one group per prompt; returns P(normal)."""
@@ -419,6 +439,8 @@ class SkillDifficultyModel:
         old = self._latent_contrib(o)
         self.q_stuck_[o] = ps
         self.q_solved_[o] = pv
+        if self.fail_free > 0:
+            self.fails_[o] = np.where(fail, self.fails_[o] + 1.0, 0.0)
         # The prompt counts as seen from here on (its τ is set by the caller's update).
         np.add.at(self.lat_, d, np.stack([np.ones(o.size), ps, pv], axis=1) - old)
         return pn

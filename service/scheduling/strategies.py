@@ -287,6 +287,22 @@ class FrontierParams(StrategyParams):
         "proportion to its weakness — all-fail groups of a level the policy could not pass yet are forgotten "
         "within steps, a wrong label that failed where its level passed stays out for long.",
     )
+    latent_fail_free: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="All-fail groups in a row a prompt may have before its stuck hazard slows (0: off): past "
+        "f₀ of them its hazard is the stuck hazard × (f₀ / fails)^`latent_fail_power`. A hard prompt the policy "
+        "will reach mostly passes within a few retries; a wrong label fails every one, so the longer a prompt "
+        "has failed since it last passed, the less often it is re-opened. A group with a pass resets the count.",
+    )
+    latent_fail_power: float = Field(
+        1.0,
+        ge=0.0,
+        le=8.0,
+        description="With `latent_fail_free`: how fast the stuck hazard slows with the all-fail groups in a row "
+        "(1: halved at twice f₀ fails).",
+    )
     latent_reopen: float = Field(
         0.0,
         ge=0.0,
@@ -359,6 +375,8 @@ class Frontier(Strategy[FP]):
             latent_hazard_stuck=p.latent_hazard_stuck,
             latent_hazard_solved=p.latent_hazard_solved,
             latent_decay=p.latent_decay,
+            latent_fail_free=p.latent_fail_free,
+            latent_fail_power=p.latent_fail_power,
             em=p.em,
             skill_share=p.skill_share,
         )
