@@ -1028,6 +1028,18 @@ class DefaultParams(FrontierParams):
         "toward its domain's prior (default 0.002: halved after about 350 steps unseen). 'Stuck' is relative "
         "to the policy of the time: a prompt written off early is reconsidered as the policy changes.",
     )
+    latent_fail_free: float = Field(
+        4.0,
+        ge=0.0,
+        le=1e6,
+        description="All-fail groups in a row before a prompt's stuck hazard slows (default 4; 0: off): past f₀ of "
+        "them its hazard is `latent_hazard` × (f₀ / fails)^`latent_fail_power`. A hard prompt the policy will reach "
+        "mostly passes within 4 retries; a wrong label fails every one, and is re-opened less and less often "
+        "(measured on the learner worlds, RESULTS.md).",
+    )
+    latent_fail_power: float = Field(
+        2.0, ge=0.0, le=8.0, description="With `latent_fail_free`: the hazard × (f₀ / fails)^this (default 2)."
+    )
     text_prior: bool = Field(
         True,
         description="What prompts' text and embeddings tell, as the prior of never-seen prompts (default on; "
@@ -1045,7 +1057,8 @@ class Default(Frontier[DefaultParams]):
     description = (
         "The project's best general-purpose strategy, chosen on the benchmark suite (`rollplan bench suite`) by "
         "its worst case over worlds. Currently the item-response frontier with its own-evidence extensions: "
-        "stuck/solved latent classes per prompt whose evidence fades back toward the prior as the policy moves on, an EM-estimated spread of difficulties per domain, a "
+        "stuck/solved latent classes per prompt whose evidence fades back toward the prior as the policy moves on "
+        "(a prompt that keeps failing every group since its last pass more and more slowly), an EM-estimated spread of difficulties per domain, a "
         "Thompson draw at a quarter of the posterior's spread, scored by the probability of an informative group, "
         "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), "
         "diminishing returns of re-use once a prompt has had more than 8 groups, the prompts of the last 64 "
