@@ -141,8 +141,9 @@ class SkillDifficultyModel:
         # Per-domain sums over seen prompts: count, ΣP(stuck), ΣP(solved).
         self.lat_ = np.zeros((1, 3))
         # All-fail groups in a row since the prompt's last group with a pass (kept only with
-        # ``latent`` and ``latent_fail_free`` > 0): its stuck hazard slows as they add up.
-        self.fails_ = np.zeros(0, np.float32)
+        # ``latent`` and ``latent_fail_free`` > 0; one byte, counting up to 255): its stuck
+        # hazard slows as they add up.
+        self.fails_ = np.zeros(0, np.uint8)
         # The domain's skill when a prompt's client prior was given (NaN: none); created at
         # the first prior, so a pool without priors keeps no such column.
         self.prior_anchor_: np.ndarray | None = None
@@ -440,7 +441,7 @@ class SkillDifficultyModel:
         self.q_stuck_[o] = ps
         self.q_solved_[o] = pv
         if self.fail_free > 0:
-            self.fails_[o] = np.where(fail, self.fails_[o] + 1.0, 0.0)
+            self.fails_[o] = np.where(fail, np.minimum(self.fails_[o].astype(np.int16) + 1, 255), 0)
         # The prompt counts as seen from here on (its τ is set by the caller's update).
         np.add.at(self.lat_, d, np.stack([np.ones(o.size), ps, pv], axis=1) - old)
         return pn
