@@ -398,10 +398,10 @@ class SkillDifficultyModel:
             keep_s: float | np.ndarray = 1.0
             keep_v: float | np.ndarray = 1.0
             if self.hazard_stuck > 0 or self.hazard_solved > 0 or self.latent_decay > 0:
-                keep_s = (1.0 - self.hazard_stuck) ** gap if self.hazard_stuck > 0 else 1.0
-                keep_v = keep_s if self.hazard_solved == self.hazard_stuck else (1.0 - self.hazard_solved) ** gap
-                if self.fail_free > 0 and self.hazard_stuck > 0:
-                    keep_s = (1.0 - self._stuck_hazard(os)) ** gap
+                hs = self._stuck_hazard(os) if self.fail_free > 0 else self.hazard_stuck
+                keep_s = (1.0 - hs) ** gap if self.hazard_stuck > 0 else 1.0
+                same = self.hazard_solved == self.hazard_stuck and self.fail_free <= 0
+                keep_v = keep_s if same else (1.0 - self.hazard_solved) ** gap
             if self.latent_reopen > 0:  # stuck re-opens as the domain's skill rises, solved as it falls
                 rise = self.skill_now()[d[sel]] - self.skill_seen_[os].astype(np.float64)
                 keep_s = keep_s * np.exp(-self.latent_reopen * np.maximum(rise, 0.0))
