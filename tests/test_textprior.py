@@ -214,3 +214,68 @@ def test_the_prior_refits_as_the_seen_prompts_double_within_a_window():
     # Off (as in ``default``): one attempt in the window, step 0's, which fitted nothing.
     off, tp_off, _ = run(False)
     assert {f[0] for f in off} == {0} and not tp_off.useful
+
+
+def test_word_shapes_tell_a_number_length_that_digit_ngrams_do_not():
+    """Difficulty that is not linear in a number's length (3-digit numbers easy, 2- and
+    4-digit ones hard): with the words' shapes ("0000") the ridge learns it; from digit
+    n-grams alone, whose counts grow with the length, it cannot."""
+    rng = np.random.default_rng(7)
+    P = 3_000
+    digits = rng.integers(2, 5, P)
+    texts = [f"What is {rng.integers(10 ** (k - 1), 10**k)}?" for k in digits]
+    y = np.where(digits == 3, 1.0, -1.0) + 0.1 * rng.standard_normal(P)
+    seen, rest = np.arange(2_000), np.arange(2_000, P)
+    r = {}
+    for shapes in (False, True):
+        t = PromptText(shapes)
+        t.set(np.arange(P), texts, None)
+        tp = TextPrior(every=10)
+        tp.fit(t, seen, y[seen], np.full(seen.size, 0.04), np.ones(seen.size), spread=4.0, step=0)
+        pred = tp.predict(t, rest)
+        r[shapes] = -1.0 if pred is None else np.corrcoef(pred[0], y[rest])[0, 1]  # y is two-valued: Pearson
+    assert r[True] > 0.95 and r[False] < 0.75, r
+    # The shape features are the same whatever the digits, and only with ``shapes``.
+    a, b = (PromptText(True) for _ in range(2))
+    a.set(np.arange(1), ["What is 4821 + 93?"], None)
+    b.set(np.arange(1), ["What is 1234 + 56?"], None)
+    plain = PromptText()
+    plain.set(np.arange(1), ["What is 4821 + 93?"], None)
+    fa, fb, fp = (set(x.matrix(np.arange(1))[0].indices.tolist()) for x in (a, b, plain))
+    assert len((fa & fb) - fp) == 6  # "aaaa", "aa", "0000", "00", 4 words, 18 bytes
+
+
+def test_drift_weighs_a_training_prompt_by_its_difficulty_variance_now():
+    """With ``text_prior_drift``, a refit's training prompt carries the variance the
+    item-response model gives its difficulty at the refit — its evidence's 1/τ plus the
+    drift since it was last seen — so prompts seen long ago weigh less; without it, 1/τ."""
+    P, B = 600, 32
+    rng, level, _ = _levelled_pool(5, P)
+    texts = _texts(level, rng)
+    truth = np.array([0.9, 0.6, 0.3, 0.1, 0.05, 0.0, 0.0, 0.0])[level - 1]
+    o = np.arange(P)
+    got = {}
+    for drift in (False, True):
+        pool = strat.build("default", {"text_prior_every": 10, "text_prior_drift": drift}).make_pool()
+        pool.set_prompts(o, np.zeros(P, np.int32), np.full(P, np.nan))
+        pool.set_text(o, texts, None)
+        tr = pool.tracker("skill", SkillTracker)
+        calls: list = []
+
+        def spy(*a, _fit=tr.text_prior.fit, _calls=calls, **k):  # records (seen, noise) of each refit
+            _calls.append((a[1].copy(), a[3].copy()))
+            return _fit(*a, **k)
+
+        tr.text_prior.fit = spy
+        g = np.random.default_rng(0)
+        for step in range(11):
+            pick = np.sort(g.choice(P, B, replace=False))
+            pool.observe(sim._observations(pick, np.full(B, 8), g.binomial(8, truth[pick]).astype(float), step))
+        seen, noise = calls[-1]  # the refit at step 10
+        m = tr.model
+        evidence = 1.0 / m.tau_[seen].astype(np.float64)
+        gap = 10 - m.seen_step_[seen].astype(np.int64)
+        want = evidence + m.difficulty_drift * gap if drift else evidence
+        assert gap.max() == 10 and np.allclose(noise, want)
+        got[drift] = noise
+    assert (got[True] >= got[False]).all() and (got[True] > got[False]).any()

@@ -3,7 +3,14 @@
 Every prompt text becomes a sparse, signed bag of hashed features in a fixed
 dimension (the "hashing trick"): character n-grams (n = 1…4, lower-cased
 UTF-8 bytes, so digit counts and short patterns are visible), whole words
-(maximal runs of letters/digits/non-ASCII bytes) and word bigrams. A feature's
+(maximal runs of letters/digits/non-ASCII bytes) and word bigrams; with ``shapes``, also
+each word's *shape* (its digits written as ``0``, its letters as ``a``: "4821" and "93"
+become "0000" and "00", so the lengths of the numbers in a problem — what sets an
+arithmetic problem's difficulty, as a word's shape does a name's in tagging — are
+features of their own, not only sums of digit n-grams), and the text's length in words
+(exact up to 16, then by octaves) and in bytes (by half-octaves) as one categorical
+feature each, so that the ridge can give every length its own weight where difficulty
+is not linear in it. A feature's
 row is ``h mod dim`` and its sign the top bit of ``h``, where ``h`` is a
 polynomial hash over the bytes mixed by the splitmix64 finaliser — stable
 across processes and machines (never Python's salted ``hash``).
@@ -88,8 +95,9 @@ def _powers(base: int, n: int) -> np.ndarray:
     return out
 
 
-def hash_texts(texts: list[str | None], dim: int = DIM) -> Features:
-    """Hashed features of each text (None or "" → an empty bag)."""
+def hash_texts(texts: list[str | None], dim: int = DIM, shapes: bool = False) -> Features:
+    """Hashed features of each text (None or "" → an empty bag); ``shapes``: with the
+    words' shapes (emitted last)."""
     if dim & (dim - 1):
         raise ValueError("dim must be a power of two")
     parts, chunk, size = [], [], 0
@@ -98,14 +106,14 @@ def hash_texts(texts: list[str | None], dim: int = DIM) -> Features:
         chunk.append(b)
         size += len(b) + 1
         if size >= _CHUNK_BYTES:
-            parts.append(_hash_chunk(chunk, dim))
+            parts.append(_hash_chunk(chunk, dim, shapes))
             chunk, size = [], 0
     if chunk or not parts:
-        parts.append(_hash_chunk(chunk, dim))
+        parts.append(_hash_chunk(chunk, dim, shapes))
     return Features.concat(parts)
 
 
-def _hash_chunk(chunk: list[bytes], dim: int) -> Features:
+def _hash_chunk(chunk: list[bytes], dim: int, shapes: bool = False) -> Features:
     n_docs = len(chunk)
     lengths = np.fromiter((len(b) + 1 for b in chunk), np.int64, n_docs)  # +1: the NUL separator
     buf = np.frombuffer(b"".join(c + b"\x00" for c in chunk), np.uint8)
@@ -145,6 +153,20 @@ def _hash_chunk(chunk: list[bytes], dim: int) -> Features:
             bg = _mix(wh[:-1] * np.uint64(_P) + (wh[1:] ^ np.uint64(0x5851F42D4C957F2D)))
             feats_h.append(bg[same])
             feats_doc.append(wdoc[1:][same])
+            if shapes:  # the same spans over the text with digits as "0", letters as "a"
+                sx = np.where((buf >= 48) & (buf <= 57), 48, np.where((buf >= 97) & (buf <= 122), 97, buf))
+                S = np.r_[np.uint64(0), np.cumsum(sx.astype(np.uint64) * pw[:L], dtype=np.uint64)]
+                feats_h.append(_mix((S[ends] - S[starts]) * pinv[starts] + np.uint64(0x2545F4914F6CDD1D)))
+                feats_doc.append(wdoc)
+        if shapes:  # the length in words and in bytes, each as one categorical feature
+            has = lengths > 1
+            words = np.bincount(doc[starts], minlength=n_docs) if starts.size else np.zeros(n_docs, np.int64)
+            wbin = np.where(words <= 16, words, 13 + np.floor(np.log2(np.maximum(words, 1))).astype(np.int64))
+            cbin = np.floor(2.0 * np.log2(lengths)).astype(np.int64)  # half-octaves of the bytes (+1)
+            at = np.flatnonzero(has)
+            feats_h.append(_mix(wbin[at].astype(np.uint64) * np.uint64(_P) + np.uint64(0x3C6EF372FE94F82B)))
+            feats_h.append(_mix(cbin[at].astype(np.uint64) * np.uint64(_P) + np.uint64(0xA54FF53A5F1D36F1)))
+            feats_doc += [at, at]
         h = _mix(np.concatenate(feats_h)) if feats_h else np.zeros(0, np.uint64)
     d = np.concatenate(feats_doc) if feats_doc else np.zeros(0, np.int64)
     order = np.argsort(d, kind="stable")

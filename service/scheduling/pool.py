@@ -97,6 +97,7 @@ class PoolState:
     # Keep prompts' text and embedding features (``textprior.PromptText``) for a strategy
     # that reads them (``default``'s text prior); None otherwise.
     use_text: bool = False
+    text_shapes: bool = False  # … with the words' shapes among its features
     text: PromptText | None = None
     # The run's reward range (maps the cost's untruncated reward sums onto [0, 1]).
     reward_range: tuple[float, float] = (0.0, 1.0)
@@ -142,7 +143,7 @@ class PoolState:
     def __post_init__(self) -> None:
         self.beta = BetaPosterior(self.forgetting)
         if self.use_text and self.text is None:
-            self.text = PromptText()
+            self.text = PromptText(self.text_shapes)
 
     def set_text(self, ordinals: np.ndarray, texts: list | None, embeddings: list | None) -> None:
         """Prompts' text and embeddings (None entries: not given), kept only when the

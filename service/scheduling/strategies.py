@@ -340,6 +340,18 @@ class FrontierParams(StrategyParams):
     text_prior_every: int = Field(
         25, ge=1, le=100_000, description="Steps between refits of the text prior (a window of the log)."
     )
+    text_prior_shapes: bool = Field(
+        False,
+        description='The text prior also reads each word\'s shape (digits as 0, letters as a: "4821" as "0000") '
+        "and the text's length in words and in bytes as categorical features, so that the lengths of a problem's "
+        "numbers and of the problem each get a weight of their own.",
+    )
+    text_prior_drift: bool = Field(
+        False,
+        description="Weigh each training prompt of the text prior by its difficulty's posterior variance at the refit, "
+        "the drift since it was last seen included (as the item-response model believes it now), not only by its "
+        "evidence: a prompt seen long ago tells less of how hard it is for the policy of today.",
+    )
     text_prior_doubling: bool = Field(
         False,
         description="Also refit the text prior at the first report of a step by which the prompts seen have "
@@ -364,7 +376,7 @@ class Frontier(Strategy[FP]):
 
     def make_pool(self) -> PoolState:
         p = self.params
-        pool = PoolState(use_predictor=p.predictor, use_text=p.text_prior)
+        pool = PoolState(use_predictor=p.predictor, use_text=p.text_prior, text_shapes=p.text_prior_shapes)
         model = SkillDifficultyModel(
             skill_drift=p.skill_drift,
             difficulty_drift=p.difficulty_drift,
@@ -380,7 +392,11 @@ class Frontier(Strategy[FP]):
             em=p.em,
             skill_share=p.skill_share,
         )
-        text = TextPrior(every=p.text_prior_every, doubling=p.text_prior_doubling) if p.text_prior else None
+        text = (
+            TextPrior(every=p.text_prior_every, doubling=p.text_prior_doubling, drift=p.text_prior_drift)
+            if p.text_prior
+            else None
+        )
         pool.trackers["skill"] = SkillTracker(model, text, p.memo_halflife, p.recent_candidates, p.reprobe_halflife)
         return pool
 

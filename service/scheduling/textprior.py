@@ -3,7 +3,8 @@
 
 **Features** (``PromptText``, kept in the pool when the strategy reads text): a prompt
 that comes with ``text`` gets a bag of hashed n-grams (``features.hash_texts``:
-character 1–4-grams, words, word bigrams) folded to ``DIM`` rows, repeats summed, its
+character 1–4-grams, words, word bigrams and, with ``text_prior_shapes`` (on in
+``default``), the words' shapes — "4821" as "0000") folded to ``DIM`` rows, repeats summed, its
 first ``MAX_FEATURES`` kept, the longest kinds first (word bigrams, words, then character
 4- to 1-grams) — 4 bytes a feature, so a pool's text costs at most 512 bytes a prompt
 whatever its length — plus log(1 + characters) as a
@@ -74,12 +75,13 @@ def _projection(dim: int) -> np.ndarray:
     return (rng.standard_normal((dim, EMBED_DIM)) / np.sqrt(EMBED_DIM)).astype(np.float64)
 
 
-def _bags(texts: list[str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bags(texts: list[str | None], shapes: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row, feature, count) of each text's kept features, rows in order, at most
-    ``MAX_FEATURES`` per row: repeats summed; the longest kinds kept first (word bigrams,
-    words, then character 4-, 3-, 2-, 1-grams: the hasher emits them in the reverse
-    order, so a feature's priority is its last position in the text's bag)."""
-    f = hash_texts(texts, DIM)
+    ``MAX_FEATURES`` per row: repeats summed; the longest kinds kept first (the words'
+    shapes with ``shapes``, word bigrams, words, then character 4-, 3-, 2-, 1-grams: the
+    hasher emits them in the reverse order, so a feature's priority is its last position
+    in the text's bag)."""
+    f = hash_texts(texts, DIM, shapes)
     row = np.repeat(np.arange(len(texts), dtype=np.int64), np.diff(f.indptr))
     pos = np.arange(row.size) - f.indptr[row]
     key = row * DIM + f.indices.astype(np.int64)
@@ -104,7 +106,8 @@ class PromptText:
     Nothing is allocated until a prompt brings text (the arena, slices and log-length)
     or an embedding (the projection's columns): a pool without them costs nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: bool = False) -> None:
+        self.shapes = shapes  # the words' shapes among the features (``features.hash_texts``)
         self.size = 0
         self.start_: np.ndarray | None = None  # int64 into the arena; -1: no text
         self.count_: np.ndarray | None = None  # int16
@@ -140,7 +143,7 @@ class PromptText:
             if has.any():
                 at = np.flatnonzero(has)
                 sel = [texts[i] for i in at.tolist()]
-                r, c, v = _bags(sel)
+                r, c, v = _bags(sel, self.shapes)
                 n = np.bincount(r, minlength=at.size)
                 need = self.used + r.size
                 self.feat_ = grow(self.feat_, need, 0)
@@ -217,10 +220,17 @@ class TextPrior:
     """The ridge model of relative easiness on prompt features (see the module docstring)."""
 
     def __init__(
-        self, every: int = 25, ridge: float = 1.0, iterations: int = 40, max_rows: int = 50_000, doubling: bool = False
+        self,
+        every: int = 25,
+        ridge: float = 1.0,
+        iterations: int = 40,
+        max_rows: int = 50_000,
+        doubling: bool = False,
+        drift: bool = False,
     ) -> None:
         self.every, self.ridge, self.iterations, self.max_rows = every, ridge, iterations, max_rows
         self.doubling = doubling  # also refit as the prompts seen double (see "When")
+        self.drift = drift  # a target's variance includes its difficulty's drift since last seen
         self.window = -1  # the window of the last fit
         self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them with ``doubling``)
         self.fit_seen = 0  # ``seen`` at the last fit (or attempt)

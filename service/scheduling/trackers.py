@@ -206,6 +206,8 @@ class SkillTracker:
         normal = np.clip(1.0 - qs - qv, 0.0, 1.0)
         y = dm[d] - m.mu_[seen].astype(np.float64)
         noise = 1.0 / m.tau_[seen].astype(np.float64)
+        if tp.drift:  # the difficulty's variance now, as the model believes it (``irt._belief``)
+            noise = noise + m.difficulty_drift * np.maximum(step - m.seen_step_[seen].astype(np.int64), 0)
         classes = None
         if m.latent:  # the latent classes' residuals from their domain's shares
             ps, pv = m.latent_prior()
