@@ -243,6 +243,7 @@ def test_word_shapes_tell_a_number_length_that_digit_ngrams_do_not():
     plain.set(np.arange(1), ["What is 4821 + 93?"], None)
     fa, fb, fp = (set(x.matrix(np.arange(1))[0].indices.tolist()) for x in (a, b, plain))
     assert len((fa & fb) - fp) == 6  # "aaaa", "aa", "0000", "00", 4 words, 18 bytes
+    assert strat.build("default", {}).make_pool().text.shapes
 
 
 def test_drift_weighs_a_training_prompt_by_its_difficulty_variance_now():

@@ -1061,6 +1061,12 @@ class DefaultParams(FrontierParams):
         description="What prompts' text and embeddings tell, as the prior of never-seen prompts (default on; "
         "no effect on prompts without them).",
     )
+    text_prior_shapes: bool = Field(
+        True,
+        description='The text prior also reads each word\'s shape (digits as 0, letters as a: "4821" as "0000") '
+        "and the text's length in words and in bytes as categorical features (default on: measured on the "
+        "text worlds, RESULTS.md).",
+    )
     em: bool = Field(
         True,
         description="Empirical-Bayes spread of a domain's difficulties by EM, prompt updates "
@@ -1079,6 +1085,8 @@ class Default(Frontier[DefaultParams]):
         "a probe of every domain left without a report for 50 steps (at most a quarter of the batch), "
         "diminishing returns of re-use once a prompt has had more than 8 groups, the prompts of the last 64 "
         "steps in the candidate pool while the run's own estimate of memorisation says re-use is not memorised, "
+        "the text prior (where prompts carry text or an embedding: a ridge model of their difficulty on hashed n-grams, "
+        "the words' shapes, lengths and the embedding, the prior of never-seen prompts), "
         "and a quarter of the batch drawn from the rest of the candidates as a probe — the best of four times as many "
         "uniformly drawn ones by a full posterior Thompson draw: a floor of uniform sampling's coverage, so that a long "
         "run does not narrow onto a few prompts, that passes over what the model knows hopeless or solved."
