@@ -16,4 +16,7 @@ PIP=(.venv/bin/python -m pip install -q)
 # OpenRLHF hard-pins flash-attn and vLLM (GPU only); the plugin tests use the parts that
 # import on a CPU machine.
 "${PIP[@]}" --no-deps 'openrlhf==0.11.2'
+# One BLAS / OpenMP / torch thread per test process: the workers already share the CPUs,
+# and threads that spin-wait for each other's cores slow every test (set them to override).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 exec .venv/bin/python -m pytest -n "${ROLLPLAN_TEST_WORKERS:-4}" "$@"

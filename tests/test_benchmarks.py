@@ -96,7 +96,7 @@ def test_learner_smoke(learner_out):
     pytest.importorskip("torch")
     tmp_path = learner_out
     proc = subprocess.run(
-        [sys.executable, "-m", "rollplan.service.cli", "bench", "learner", "--smoke", "--workers", "1",
+        [sys.executable, "-m", "rollplan.service.cli", "bench", "learner", "--smoke", "--workers", "1", "--threads", "1",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=850,
     )
@@ -141,7 +141,7 @@ def test_learner_plugin_path_gives_the_synchronous_curriculum(learner_out):
 
     steps, batch = 6, 8
     base = ["--out", str(learner_out), "--seeds", "1", "--steps", str(steps), "--prompts", "120", "--batch", str(batch),
-            "--workers", "1", "--target", "0.5"]
+            "--workers", "1", "--threads", "1", "--target", "0.5"]
     (plugin,) = learner.main(base + ["--arms", "default"])["runs"]
     (sync,) = learner.main(base + ["--arms", "default", "--sync"])["runs"]
     assert (plugin["driver"], sync["driver"]) == ("plugin", "client")
