@@ -185,8 +185,10 @@ def test_live_replica_restart_and_chunking_agree(two_dbs, clients, name, scn):
 
 
 TEXT_SPEC = {"name": "default", "params": {"text_prior_every": 1}}
-# A window longer than the run: refits come from the doubling of the prompts seen alone.
-TEXT_SPEC_DOUBLING = {"name": "default", "params": {"text_prior_every": 25, "text_prior_doubling": True}}
+# A window longer than the run: refits come from the doubling of the prompts seen alone (and
+# the targets centred within their domains, ``text_prior_center``).
+TEXT_SPEC_DOUBLING = {"name": "default",
+                      "params": {"text_prior_every": 25, "text_prior_doubling": True, "text_prior_center": True}}
 
 
 @pytest.mark.parametrize("spec", [TEXT_SPEC, TEXT_SPEC_DOUBLING], ids=["every-step", "doubling"])

@@ -280,3 +280,39 @@ def test_drift_weighs_a_training_prompt_by_its_difficulty_variance_now():
         assert gap.max() == 10 and np.allclose(noise, want)
         got[drift] = noise
     assert (got[True] >= got[False]).all() and (got[True] > got[False]).any()
+
+
+def test_center_keeps_a_domain_offset_out_of_what_the_features_learn():
+    """With ``center`` (``text_prior_center``), each domain's targets are centred on their
+    fit-weighted mean before the fit, so a feature constant within a domain (here every
+    problem of domain 1 has 3 numbers, of domain 0 two) cannot carry an offset of the
+    domain onto its never-seen prompts; where a prompt stands within its domain is still
+    learned. Without it, the offset is fitted (the item-response model already has the
+    domain's mean: the prior would count it twice)."""
+    rng = np.random.default_rng(3)
+    P = 3_000
+    dom = rng.integers(0, 2, P)
+    big = rng.integers(0, 2, P)  # within a domain: a number ≥ 50 makes the problem harder
+    texts = [" ".join([str(rng.integers(50, 99) if b else rng.integers(10, 49))] + ["12"] * (1 + int(d)))
+             for d, b in zip(dom, big)]
+    within = np.where(big == 1, -1.0, 1.0)
+    y = within + np.where(dom == 1, 2.0, -2.0) + 0.1 * rng.standard_normal(P)  # domain offsets ±2
+    seen, rest = np.arange(2_000), np.arange(2_000, P)
+    t = PromptText(True)
+    t.set(np.arange(P), texts, None)
+    got = {}
+    for center in (False, True):
+        tp = TextPrior(every=10, center=center)
+        tp.fit(t, seen, y[seen], np.full(seen.size, 0.04), np.ones(seen.size), spread=9.0, step=0,
+               domains=dom[seen] if center else None)
+        r = tp.predict(t, rest)[0]
+        got[center] = r
+        for k in (0, 1):  # the within-domain part is learned either way
+            at = dom[rest] == k
+            assert np.corrcoef(r[at], within[rest][at])[0, 1] > 0.9, (center, k)
+    gap = {c: got[c][dom[rest] == 1].mean() - got[c][dom[rest] == 0].mean() for c in got}
+    assert gap[False] > 3.0 and abs(gap[True]) < 0.3, gap
+    # In ``default`` the option reaches the text prior: off unless set.
+    for params, want in (({}, False), ({"text_prior_center": True}, True)):
+        tracker = strat.build("default", params).make_pool().tracker("skill", SkillTracker)
+        assert tracker.text_prior.center is want

@@ -352,6 +352,14 @@ class FrontierParams(StrategyParams):
         "the drift since it was last seen included (as the item-response model believes it now), not only by its "
         "evidence: a prompt seen long ago tells less of how hard it is for the policy of today.",
     )
+    text_prior_center: bool = Field(
+        False,
+        description="Centre the text prior's targets within each domain (weighted as the fit weighs them) before a "
+        "refit, so that what the features learn is where a prompt stands within its domain, never an offset of the "
+        "domain as a whole: the domain's mean difficulty is the item-response model's to estimate, and a feature "
+        "constant within a domain (the length of every problem of a level) would otherwise fit the gap between the "
+        "well-measured, often re-used prompts and the domain's mean onto every never-seen prompt of it.",
+    )
     text_prior_doubling: bool = Field(
         False,
         description="Also refit the text prior at the first report of a step by which the prompts seen have "
@@ -393,7 +401,12 @@ class Frontier(Strategy[FP]):
             skill_share=p.skill_share,
         )
         text = (
-            TextPrior(every=p.text_prior_every, doubling=p.text_prior_doubling, drift=p.text_prior_drift)
+            TextPrior(
+                every=p.text_prior_every,
+                doubling=p.text_prior_doubling,
+                drift=p.text_prior_drift,
+                center=p.text_prior_center,
+            )
             if p.text_prior
             else None
         )

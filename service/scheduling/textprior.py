@@ -227,10 +227,12 @@ class TextPrior:
         max_rows: int = 50_000,
         doubling: bool = False,
         drift: bool = False,
+        center: bool = False,
     ) -> None:
         self.every, self.ridge, self.iterations, self.max_rows = every, ridge, iterations, max_rows
         self.doubling = doubling  # also refit as the prompts seen double (see "When")
         self.drift = drift  # a target's variance includes its difficulty's drift since last seen
+        self.center = center  # targets centred within their domain (``SkillTracker._refit``)
         self.window = -1  # the window of the last fit
         self.seen = 0  # prompts seen so far (``SkillTracker.observe`` counts them with ``doubling``)
         self.fit_seen = 0  # ``seen`` at the last fit (or attempt)
@@ -259,19 +261,24 @@ class TextPrior:
         spread: float,
         step: int,
         classes: np.ndarray | None = None,
+        domains: np.ndarray | None = None,
     ) -> None:
         """Refit on seen prompts ``seen`` (ordinals, most recent last) with targets ``y``,
         their posterior variances ``noise`` and posteriors of "normal" ``normal``;
         ``spread`` is the mean variance of the domains' difficulties (the baseline the
         fit must beat). ``classes`` (seen × 2, optional): their P(stuck), P(solved) less
         their domain's prior shares, the targets of the latent-class fit (NaN: a row that
-        trains the difficulty only)."""
+        trains the difficulty only). ``domains`` (optional, with ``center``): the rows'
+        domains, within each of which the targets are centred on their weighted mean."""
         self.window, self.fit_step, self.fit_seen = step // self.every, step, self.seen
         keep = slice(-self.max_rows, None)
         seen, y, noise, normal = seen[keep], y[keep], noise[keep], normal[keep]
         has = text.has(seen)
         seen, y, noise, normal = seen[has], y[has], noise[has], normal[has]
         w = normal / (noise + 0.25)
+        if domains is not None:  # each domain's targets to a weighted mean of 0 (``center``)
+            g = np.unique(np.asarray(domains)[keep][has], return_inverse=True)[1]
+            y = y - (np.bincount(g, w * y) / np.maximum(np.bincount(g, w), 1e-300))[g]
         held = _holdout(seen)
         tr = ~held
         if tr.sum() < 10 or held.sum() < 3:

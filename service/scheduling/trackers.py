@@ -223,7 +223,8 @@ class SkillTracker:
                 if classes is not None:
                     classes = np.r_[np.full((given.size, 2), np.nan), classes]
         used = np.unique(d)
-        tp.fit(text, seen, y, noise, normal, float(np.mean(dv[used])) if used.size else np.inf, step, classes)
+        spread = float(np.mean(dv[used])) if used.size else np.inf
+        tp.fit(text, seen, y, noise, normal, spread, step, classes, d if tp.center else None)
 
     def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
         """The learned predictor's prior where the pool has one, else the text prior's."""
