@@ -268,16 +268,16 @@ class TextPrior:
         ``spread`` is the mean variance of the domains' difficulties (the baseline the
         fit must beat). ``classes`` (seen × 2, optional): their P(stuck), P(solved) less
         their domain's prior shares, the targets of the latent-class fit (NaN: a row that
-        trains the difficulty only). ``domains`` (optional, with ``center``): the rows'
-        domains, within each of which the targets are centred on their weighted mean."""
+        trains the difficulty only). ``domains`` (optional): the rows' domains, within
+        each of which, with ``center``, the targets are centred on their weighted mean."""
         self.window, self.fit_step, self.fit_seen = step // self.every, step, self.seen
         keep = slice(-self.max_rows, None)
         seen, y, noise, normal = seen[keep], y[keep], noise[keep], normal[keep]
         has = text.has(seen)
         seen, y, noise, normal = seen[has], y[has], noise[has], normal[has]
         w = normal / (noise + 0.25)
-        if domains is not None:  # each domain's targets to a weighted mean of 0 (``center``)
-            g = np.unique(np.asarray(domains)[keep][has], return_inverse=True)[1]
+        if self.center and domains is not None:  # each domain's targets to a weighted mean of 0
+            g = np.asarray(domains, np.int64)[keep][has]
             y = y - (np.bincount(g, w * y) / np.maximum(np.bincount(g, w), 1e-300))[g]
         held = _holdout(seen)
         tr = ~held

@@ -224,7 +224,7 @@ class SkillTracker:
                     classes = np.r_[np.full((given.size, 2), np.nan), classes]
         used = np.unique(d)
         spread = float(np.mean(dv[used])) if used.size else np.inf
-        tp.fit(text, seen, y, noise, normal, spread, step, classes, d if tp.center else None)
+        tp.fit(text, seen, y, noise, normal, spread, step, classes, d)
 
     def _pred(self, pool: PoolState, idx: np.ndarray) -> tuple[np.ndarray, ...] | None:
         """The learned predictor's prior where the pool has one, else the text prior's."""
